@@ -1,0 +1,36 @@
+"""One exception type for every user-facing mistake.
+
+The CLI turns a `StudyError` into a one-paragraph message on stderr and exit
+code 2, before anything is written. Library code raises it with the offending
+setting (a dotted path such as ``masking.rate``) and what would have been allowed,
+so the message always answers "which field, and what may I write instead?".
+"""
+from __future__ import annotations
+
+EXIT_USAGE = 2       # bad spec / bad input: nothing was computed or written
+EXIT_DIVERGED = 3    # a run hit a non-finite loss and was marked `diverged`
+
+
+class StudyError(Exception):
+    """A problem the user can fix by changing their input."""
+
+    def __init__(self, message: str, *, field: str | None = None, allowed: str | None = None,
+                 source: str | None = None):
+        self.field, self.allowed, self.source = field, allowed, source
+        parts = []
+        if source:
+            parts.append(f"{source}:")
+        if field:
+            parts.append(f"{field}:")
+        parts.append(message)
+        if allowed:
+            parts.append(f"(allowed: {allowed})")
+        super().__init__(" ".join(parts))
+
+
+class Diverged(Exception):
+    """Raised inside training when the loss stops being finite."""
+
+    def __init__(self, step: int, loss: float):
+        self.step, self.loss = step, loss
+        super().__init__(f"non-finite loss {loss} at step {step}")

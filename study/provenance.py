@@ -1,0 +1,58 @@
+"""What produced a result: code version, packages, hardware. Attached to every result file."""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+
+PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas", "numpy",
+            "seaborn", "matplotlib", "dvc", "pydantic", "jinja2", "gensim", "pysbd", "scikit-learn", "scipy")
+
+
+@functools.lru_cache(maxsize=None)
+def git_info() -> dict:
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+@functools.lru_cache(maxsize=None)
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def hardware(device: str | None = None) -> dict:
+    import torch
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "device": device,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def provenance(device: str | None = None) -> dict:
+    return {"git": git_info(), "packages": package_versions(), "hardware": hardware(device)}
