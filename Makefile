@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine (Python 3.11 + package registries):
+#   make smoke   set up, then run the smoke study through DVC -> reports/smoke/index.html
+#   make test    set up, then run the test suite (slow integration tests included)
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export DVC_NO_ANALYTICS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup smoke test test-fast bench clean-results
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+smoke: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report@smoke
+	@echo "report: reports/smoke/index.html"
+
+test: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra
+
+test-fast: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra -m "not slow"
+
+bench: $(STAMP)
+	$(BIN)/python bench/data.py
+	$(BIN)/python bench/throughput.py
