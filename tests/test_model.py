@@ -1,0 +1,133 @@
+"""The model's speed settings are loss-neutral, and its checkpoint is a standard HF one."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from study.config import ImplConfig, ModelConfig
+from study.errors import StudyError
+from study.model import build_model, model_flops_per_token, pretraining_loss
+
+VOCAB, B, L = 300, 4, 32
+CFG = ModelConfig(layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0,
+                  max_positions=64)
+
+
+def batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (B, L), generator=g)
+    labels = torch.full_like(ids, -100)
+    sel = torch.rand(B, L, generator=g) < 0.15
+    sel[:, 3] = True  # every row predicts at least one token
+    labels[sel] = ids[sel]
+    inputs = ids.masked_fill(sel, 4)
+    return dict(input_ids=inputs, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
+                labels=labels, sentence_label=torch.randint(0, 2, (B,), generator=g))
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_sparse_head_equals_full_head_loss_and_grads():
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
+    b = batch()
+    outs, gs = [], []
+    for sparse in (True, False):
+        m.zero_grad()
+        o = pretraining_loss(m, **b, sparse=sparse)
+        o.loss.backward()
+        outs.append(o)
+        gs.append(grads(m))
+    assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
+    assert outs[0].mlm_correct == outs[1].mlm_correct and outs[0].mlm_count == outs[1].mlm_count
+    assert gs[0].keys() == gs[1].keys()
+    for n in gs[0]:
+        assert torch.allclose(gs[0][n], gs[1][n], atol=1e-5, rtol=1e-4), n
+
+
+def test_sdpa_equals_eager():
+    b = batch(1)
+    losses = []
+    for attn in ("eager", "sdpa"):
+        m = build_model(CFG, VOCAB, True, ImplConfig(attention=attn), seed=2).eval()
+        b2 = dict(b)
+        b2["attention_mask"] = b["attention_mask"].clone()
+        b2["attention_mask"][:, -5:] = 0  # padding must be handled identically
+        with torch.no_grad():
+            losses.append(pretraining_loss(m, **b2).loss)
+    assert torch.allclose(losses[0], losses[1], atol=1e-5)
+
+
+def test_same_seed_same_init_and_ambient_rng_untouched():
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = build_model(CFG, VOCAB, True, ImplConfig(), seed=7)
+    after = torch.rand(1)
+    b = build_model(CFG, VOCAB, True, ImplConfig(), seed=7)
+    assert torch.equal(before, after)
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(p, q), n
+
+
+def test_bf16_autocast_matches_fp32_curve():
+    """30 steps of AdamW on the same batches: bf16 autocast tracks fp32 within 2% of the loss."""
+    curves = {}
+    for prec in ("fp32", "bf16"):
+        m = build_model(CFG, VOCAB, True, ImplConfig(), seed=3)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        curve = []
+        for step in range(30):
+            b = batch(100 + step % 5)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
+                o = pretraining_loss(m, **b)
+            opt.zero_grad()
+            o.loss.backward()
+            opt.step()
+            curve.append(float(o.loss.detach()))
+        curves[prec] = torch.tensor(curve)
+    rel = ((curves["bf16"] - curves["fp32"]).abs() / curves["fp32"]).max()
+    assert rel < 0.02, f"max relative difference {rel:.4f}"
+    assert curves["fp32"][-1] < curves["fp32"][0]  # it actually learned
+
+
+def test_checkpoint_is_standard_hf(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModel, AutoModelForMaskedLM, BertTokenizerFast, pipeline
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
+    tok_core = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok_core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = BertTokenizerFast(tokenizer_object=tok_core, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                            cls_token="[CLS]", mask_token="[MASK]", do_lower_case=False)
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=4)
+    m.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    mlm = AutoModelForMaskedLM.from_pretrained(tmp_path)
+    enc = AutoModel.from_pretrained(tmp_path)
+    sd = m.state_dict()
+    for k, v in mlm.state_dict().items():
+        if k in sd:
+            assert torch.equal(v, sd[k]), k
+    assert torch.equal(enc.embeddings.word_embeddings.weight, m.bert.embeddings.word_embeddings.weight)
+    fill = pipeline("fill-mask", model=str(tmp_path), top_k=3)
+    res = fill("w1 w2 [MASK] w3")
+    assert len(res) == 3 and all("token_str" in r for r in res)
+
+
+def test_flops_formula():
+    full = model_flops_per_token(CFG, 128, 8192, 128, sparse=False)
+    sparse = model_flops_per_token(CFG, 128, 8192, 20, sparse=True)
+    assert sparse < full
+    dense = 6 * CFG.layers * (4 * 64 * 64 + 2 * 64 * 128)
+    assert full == pytest.approx(dense + 12 * 2 * 128 * 64 + 6 * (64 * 64 + 64 * 8192))
+
+
+def test_tiny_vocab_rejected():
+    with pytest.raises(StudyError, match="tokenizer.vocab_size"):
+        build_model(CFG, 4, True, ImplConfig())
