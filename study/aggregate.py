@@ -1,0 +1,194 @@
+"""Turn a study's run folders + fine-tune results into tidy tables (see docs/ARCHITECTURE.md).
+
+Built ONLY from files on disk plus the plan dict, so a report can be regenerated
+without any training code. Outputs go to layout.study_dir(plan["name"]):
+results.parquet/.csv (tidy), runs.csv, summary.csv, comparisons.csv, curves.csv, study.json.
+
+Confidence intervals: percentile bootstrap over seeds, 10,000 resamples, numpy
+Generator seeded from BOOTSTRAP_SEED. Paired test: scipy.stats.ttest_rel.
+"""
+from __future__ import annotations
+
+import io as _io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from study.errors import StudyError
+from study.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from study.paths import Layout
+
+N_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+NOISE_WORDS = "indistinguishable from noise"
+PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
+
+
+def bootstrap_ci(values, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                 level: float = CI_LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean; (nan, nan) for fewer than 2 values."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return (float(np.quantile(means, a)), float(np.quantile(means, 1 - a)))
+
+
+def interpret(lo: float, hi: float, n: int, p: float = float("nan"), a: str = "a", b: str = "b") -> str:
+    """Words for a paired difference b - a.
+
+    A difference counts as real only when the bootstrap CI excludes zero AND the paired
+    t-test agrees (p < 0.05): with 3 seeds a percentile bootstrap alone is overconfident.
+    """
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"not enough seeds for a CI (n={n})"
+    if lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):
+        return f"{NOISE_WORDS} at n={n} seeds"
+    return f"{b} {'higher' if lo > 0 else 'lower'} than {a} beyond seed noise at n={n} seeds"
+
+
+def _read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_status(run_dir: Path) -> tuple[str, str | None, int | None]:
+    # A folder without status.json is not complete, whatever else it holds.
+    if not (run_dir / "status.json").exists():
+        return "pending", None, None
+    s = read_json(run_dir / "status.json")
+    return s["status"], s.get("error"), s.get("step")
+
+
+def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
+    """Read every run of the plan into tidy/runs/curves frames."""
+    for key in ("name", "runs", "finetune_hash"):
+        if key not in plan:
+            raise StudyError("missing from the study plan", field=key)
+    factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
+    tidy, runs, curves = [], [], []
+    for r in plan["runs"]:
+        rd = layout.run_dir(r["run_hash"])
+        status, error, step = _run_status(rd)
+        meta = read_json(rd / "meta.json") if (rd / "meta.json").exists() else {}
+        metrics = read_json(rd / "metrics.json") if (rd / "metrics.json").exists() else {}
+        base = {"run_hash": r["run_hash"], "label": r["label"], "status": status,
+                "pretrain_seed": r["seed"], **{k: r.get("factors", {}).get(k) for k in factor_keys}}
+        runs.append({"run_hash": r["run_hash"], "label": r["label"], "status": status, "error": error,
+                     "step": step, "params": meta.get("params", metrics.get("params")),
+                     "tokens_per_s": metrics.get("tokens_per_s"), "wall_s": meta.get("wall_s"),
+                     "device": meta.get("device"), "data_hash": meta.get("data_hash")})
+        if status == "done":
+            for m in PRETRAIN_METRICS:
+                if metrics.get(m) is not None:
+                    tidy.append({**base, "finetune_seed": None, "task": "pretrain", "mode": "pretrain",
+                                 "init": "pretrained", "metric": m, "value": float(metrics[m])})
+        for ev in _read_history(rd / "history.jsonl"):
+            if "loss" in ev and "eval" not in ev:
+                curves.append({"run_hash": r["run_hash"], "label": r["label"], "step": ev["step"],
+                               "tokens": ev.get("tokens"), "loss": ev["loss"]})
+        keys = [(r["run_hash"], "pretrained")]
+        if r.get("baseline_key"):
+            keys.append((r["baseline_key"], "random"))
+        for run_key, init in keys:
+            for f in sorted(layout.finetune_dir(run_key).glob(f"*/{plan['finetune_hash']}/*-seed*.json")):
+                res = read_json(f)
+                if "skipped" in res:
+                    continue
+                for m, v in res["metrics"].items():
+                    if isinstance(v, (int, float)):
+                        tidy.append({**base, "finetune_seed": res["seed"], "task": res["task"],
+                                     "mode": res["mode"], "init": res.get("init", init),
+                                     "metric": m, "value": float(v)})
+    cols = ["run_hash", "label", "status", "pretrain_seed", "finetune_seed", "task", "mode", "init",
+            "metric", "value", *factor_keys]
+    return {"tidy": pd.DataFrame(tidy, columns=cols), "runs": pd.DataFrame(runs),
+            "curves": pd.DataFrame(curves, columns=["run_hash", "label", "step", "tokens", "loss"]),
+            "factor_keys": factor_keys}
+
+
+def _per_seed(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    # Average fine-tune seeds within a pre-training seed: the pre-training seed is the unit.
+    return tidy.groupby([*by, "pretrain_seed"], dropna=False)["value"].mean().reset_index()
+
+
+def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
+    by = ["task", "mode", "init", "metric", *factor_keys]
+    rows = []
+    for key, g in _per_seed(tidy, by).groupby(by, dropna=False):
+        lo, hi = bootstrap_ci(g["value"])
+        rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
+                     "n": len(g), "ci_low": lo, "ci_high": hi, "ci_method": "percentile bootstrap, 10k"})
+    return pd.DataFrame(rows)
+
+
+def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
+    """Paired difference b - a per task/mode/metric, paired by pre-training seed."""
+    fac = spec["factor"]
+    if fac not in tidy.columns:
+        raise StudyError(f"factor {fac!r} is not a factor of any run", field="compare.factor",
+                         allowed=", ".join(c for c in tidy.columns if "." in c) or "none")
+    t = tidy[tidy["init"] == "pretrained"]
+    per = _per_seed(t, ["task", "mode", "metric", fac])
+    rows = []
+    for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
+        a = g[g[fac].astype(str) == str(spec["a"])].set_index("pretrain_seed")["value"]
+        b = g[g[fac].astype(str) == str(spec["b"])].set_index("pretrain_seed")["value"]
+        seeds = sorted(set(a.index) & set(b.index))
+        if not seeds:
+            continue
+        d = (b[seeds] - a[seeds]).to_numpy()
+        lo, hi = bootstrap_ci(d)
+        p = float(stats.ttest_rel(b[seeds], a[seeds]).pvalue) if len(seeds) > 1 else float("nan")
+        rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
+                     "mean_a": a[seeds].mean(), "mean_b": b[seeds].mean(), "diff": d.mean(),
+                     "ci_low": lo, "ci_high": hi, "n": len(seeds), "p_value": p,
+                     "test": "scipy.stats.ttest_rel", "interpretation": interpret(lo, hi, len(seeds), p, str(spec["a"]), str(spec["b"]))})
+    return pd.DataFrame(rows)
+
+
+def _csv(df: pd.DataFrame) -> str:
+    return df.to_csv(index=False)
+
+
+def aggregate_study(plan: dict, layout: Layout) -> Path:
+    c = collect(plan, layout)
+    out = layout.study_dir(plan["name"])
+    tidy = c["tidy"]
+    buf = _io.BytesIO()
+    tidy.to_parquet(buf, index=False)
+    atomic_write_bytes(out / "results.parquet", buf.getvalue())
+    atomic_write_text(out / "results.csv", _csv(tidy))
+    atomic_write_text(out / "runs.csv", _csv(c["runs"]))
+    atomic_write_text(out / "curves.csv", _csv(c["curves"]))
+    done = tidy[tidy["status"] == "done"]
+    atomic_write_text(out / "summary.csv", _csv(summarize(done, c["factor_keys"])))
+    comps = compare(done, plan["compare"]) if plan.get("compare") else pd.DataFrame()
+    atomic_write_text(out / "comparisons.csv", _csv(comps))
+    provenance: dict[str, Any] = {}
+    for r in plan["runs"]:
+        mp = layout.run_dir(r["run_hash"]) / "meta.json"
+        if mp.exists():
+            m = read_json(mp)
+            provenance[r["run_hash"]] = {"data_hash": m.get("data_hash"), "device": m.get("device"),
+                                         "provenance": m.get("provenance")}
+    answer = None
+    if len(comps):
+        pm = plan.get("primary_metric", "")
+        parts = pm.split("/")
+        sel = comps[(comps["task"] == parts[0]) & (comps["mode"] == parts[1]) & (comps["metric"] == parts[2])] \
+            if len(parts) == 3 else comps[(comps["task"] == "pretrain") & (comps["metric"] == pm)]
+        if len(sel):
+            answer = sel.iloc[0].to_dict()
+    atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
+                                           "ci_method": "percentile bootstrap, 10k resamples, seed 0",
+                                           "test": "scipy.stats.ttest_rel"})
+    return out
