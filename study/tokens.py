@@ -63,13 +63,12 @@ class TokenizedSplit:
         return cls(ids, sent_starts, doc_starts)
 
     def save(self, path: Path) -> None:
-        """Write as one .npz via a temp name (atomic)."""
-        import os, tempfile
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, ids=self.ids, sent_starts=self.sent_starts, doc_starts=self.doc_starts)
-        os.replace(tmp, path)
+        """Write as one .npz, atomically (study.io)."""
+        import io
+        from .io import atomic_write_bytes
+        buf = io.BytesIO()
+        np.savez(buf, ids=self.ids, sent_starts=self.sent_starts, doc_starts=self.doc_starts)
+        atomic_write_bytes(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: Path) -> "TokenizedSplit":
