@@ -60,13 +60,28 @@ def mask_tokens(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds
     return inputs, labels
 
 
+def row_generator(key) -> torch.Generator:
+    """A generator that depends only on `key` (a tuple of ints): no global RNG, no batch coupling."""
+    state = np.random.SeedSequence([int(k) for k in key]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+def mask_rows(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
+              continuation: torch.Tensor | None, row_keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask each row with its own generator seeded by its key, e.g. (run seed, instance index, epoch).
+
+    A row's mask then depends only on (key, ids): batch size, order and sharding (DDP) cannot change
+    it, static masking is "same key every epoch" and dynamic masking is "epoch in the key".
+    """
+    ins, labs = [], []
+    for row, key in zip(input_ids, row_keys):
+        i, l = mask_tokens(row.unsqueeze(0), cfg, special, continuation, row_generator(key))
+        ins.append(i); labs.append(l)
+    return torch.cat(ins), torch.cat(labs)
+
+
 def reference_masking(input_ids: torch.Tensor, special: SpecialIds, instance_index: torch.Tensor,
                       generator_seed: int = REFERENCE_SEED) -> tuple[torch.Tensor, torch.Tensor]:
     """Evaluation masks that depend only on (seed, instance index, ids): batch order/size cannot change them."""
-    ins, labs = [], []
-    for row, idx in zip(input_ids, instance_index.tolist()):
-        state = np.random.SeedSequence([generator_seed, int(idx)]).generate_state(2, dtype=np.uint32)
-        g = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-        i, l = mask_tokens(row.unsqueeze(0), REFERENCE, special, None, g)
-        ins.append(i); labs.append(l)
-    return torch.cat(ins), torch.cat(labs)
+    return mask_rows(input_ids, REFERENCE, special, None,
+                     [(generator_seed, int(i)) for i in instance_index.tolist()])
