@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 smoke: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report@smoke
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report-smoke
 	@echo "report: reports/smoke/index.html"
 
 test: $(STAMP)

@@ -2,7 +2,7 @@
 
 Built ONLY from files on disk plus the plan dict, so a report can be regenerated
 without any training code. Outputs go to layout.study_dir(plan["name"]):
-results.parquet/.csv (tidy), runs.csv, summary.csv, comparisons.csv, curves.csv, study.json.
+results.parquet/.csv (tidy), runs.csv, summary.csv, comparisons.csv, baseline.csv, curves.csv, study.json.
 
 Confidence intervals: percentile bootstrap over seeds, 10,000 resamples, numpy
 Generator seeded from BOOTSTRAP_SEED. Paired test: scipy.stats.ttest_rel.
@@ -27,6 +27,8 @@ BOOTSTRAP_SEED = 0
 CI_LEVEL = 0.95
 NOISE_WORDS = "indistinguishable from noise"
 PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
+# Cost metrics ride along as tidy rows too, so the depth figure gets seed CIs for them.
+COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
 
 
 def bootstrap_ci(values, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
@@ -39,6 +41,19 @@ def bootstrap_ci(values, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRA
     means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
     a = (1 - level) / 2
     return (float(np.quantile(means, a)), float(np.quantile(means, 1 - a)))
+
+
+def bootstrap_diff_ci(a, b, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                      level: float = CI_LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap CI of mean(a) - mean(b) for two UNPAIRED samples (each resampled alone)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size < 2 or y.size < 2:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    dx = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    dy = y[rng.integers(0, y.size, size=(n_resamples, y.size))].mean(axis=1)
+    a_ = (1 - level) / 2
+    return (float(np.quantile(dx - dy, a_)), float(np.quantile(dx - dy, 1 - a_)))
 
 
 def interpret(lo: float, hi: float, n: int, p: float = float("nan"), a: str = "a", b: str = "b") -> str:
@@ -80,15 +95,17 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         status, error, step = _run_status(rd)
         meta = read_json(rd / "meta.json") if (rd / "meta.json").exists() else {}
         metrics = read_json(rd / "metrics.json") if (rd / "metrics.json").exists() else {}
-        base = {"run_hash": r["run_hash"], "label": r["label"], "status": status,
+        base = {"run_hash": r["run_hash"], "source_key": r["run_hash"], "label": r["label"], "status": status,
                 "pretrain_seed": r["seed"], **{k: r.get("factors", {}).get(k) for k in factor_keys}}
         runs.append({"run_hash": r["run_hash"], "label": r["label"], "status": status, "error": error,
                      "step": step, "params": meta.get("params", metrics.get("params")),
                      "tokens_per_s": metrics.get("tokens_per_s"), "wall_s": meta.get("wall_s"),
-                     "device": meta.get("device"), "data_hash": meta.get("data_hash")})
+                     "device": meta.get("device"), "data_hash": meta.get("data_hash"),
+                     "tokens_seen": metrics.get("tokens_seen"), "steps": metrics.get("steps"),
+                     "mfu": metrics.get("mfu"), "baseline_key": r.get("baseline_key"), "seed": r["seed"]})
         if status == "done":
-            for m in PRETRAIN_METRICS:
-                if metrics.get(m) is not None:
+            for m in (*PRETRAIN_METRICS, *COST_METRICS):
+                if isinstance(metrics.get(m), (int, float)) and not isinstance(metrics.get(m), bool):
                     tidy.append({**base, "finetune_seed": None, "task": "pretrain", "mode": "pretrain",
                                  "init": "pretrained", "metric": m, "value": float(metrics[m])})
         for ev in _read_history(rd / "history.jsonl"):
@@ -105,10 +122,10 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                     continue
                 for m, v in res["metrics"].items():
                     if isinstance(v, (int, float)):
-                        tidy.append({**base, "finetune_seed": res["seed"], "task": res["task"],
+                        tidy.append({**base, "source_key": run_key, "finetune_seed": res["seed"], "task": res["task"],
                                      "mode": res["mode"], "init": res.get("init", init),
                                      "metric": m, "value": float(v)})
-    cols = ["run_hash", "label", "status", "pretrain_seed", "finetune_seed", "task", "mode", "init",
+    cols = ["run_hash", "source_key", "label", "status", "pretrain_seed", "finetune_seed", "task", "mode", "init",
             "metric", "value", *factor_keys]
     return {"tidy": pd.DataFrame(tidy, columns=cols), "runs": pd.DataFrame(runs),
             "curves": pd.DataFrame(curves, columns=["run_hash", "label", "step", "tokens", "loss"]),
@@ -120,10 +137,35 @@ def _per_seed(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return tidy.groupby([*by, "pretrain_seed"], dropna=False)["value"].mean().reset_index()
 
 
+def _random_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Random-init rows, one per independent unit.
+
+    collect() repeats a `random-<hash>` baseline's results once per run that points at it; counting
+    those copies as seeds would fake precision, so copies are dropped first. The unit is then the
+    baseline itself when a group has several (one per pre-training seed: fine-tune seeds averaged
+    within it, as for pre-trained runs), else the single baseline's fine-tune seed.
+    Returned with the unit in the `pretrain_seed` column so it lines up with `_per_seed`.
+    """
+    r = tidy[tidy["init"] == "random"].drop_duplicates([*by, "source_key", "finetune_seed"])
+    if r.empty:
+        return pd.DataFrame(columns=[*by, "pretrain_seed", "value"])
+    n_src = r.groupby(by, dropna=False)["source_key"].transform("nunique")
+    r = r.assign(unit=np.where(n_src > 1, r["source_key"].astype(str), "ft" + r["finetune_seed"].astype(str)))
+    r = r.groupby([*by, "unit"], dropna=False)["value"].mean().reset_index()
+    return r.rename(columns={"unit": "pretrain_seed"})
+
+
+def _units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    pre = _per_seed(tidy[tidy["init"] != "random"], by)
+    return pd.concat([pre, _random_units(tidy, by)], ignore_index=True) if (tidy["init"] == "random").any() else pre
+
+
 def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
     by = ["task", "mode", "init", "metric", *factor_keys]
     rows = []
-    for key, g in _per_seed(tidy, by).groupby(by, dropna=False):
+    if tidy.empty:
+        return pd.DataFrame(columns=[*by, "mean", "std", "n", "ci_low", "ci_high", "ci_method"])
+    for key, g in _units(tidy, by).groupby(by, dropna=False):
         lo, hi = bootstrap_ci(g["value"])
         rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
                      "n": len(g), "ci_low": lo, "ci_high": hi, "ci_method": "percentile bootstrap, 10k"})
@@ -155,6 +197,94 @@ def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
+    """What pre-training bought: pretrained minus random-init, per task/mode/metric and factor level.
+
+    Unpaired (the baseline has no pre-training seed), so the CI is a two-sample bootstrap.
+    """
+    by = ["task", "mode", "metric", *factor_keys]
+    t = tidy[tidy["task"] != "pretrain"]
+    cols = [*by, "mean_pretrained", "mean_random", "diff", "ci_low", "ci_high", "n_pretrained", "n_random",
+            "p_value", "interpretation"]
+    if t.empty or not (t["init"] == "random").any():
+        return pd.DataFrame(columns=cols)
+    pre = _per_seed(t[t["init"] == "pretrained"], by)
+    rnd = _random_units(t, by)
+    rows = []
+    for key, g in pre.groupby(by, dropna=False):
+        sel = np.ones(len(rnd), dtype=bool)
+        for k, v in zip(by, key):
+            sel &= (rnd[k].isna() if pd.isna(v) else (rnd[k] == v)).to_numpy()
+        r = rnd[sel]
+        if r.empty:
+            continue
+        lo, hi = bootstrap_diff_ci(g["value"], r["value"])
+        # Same rule as interpret(): the CI must exclude 0 AND a t-test (Welch, unpaired) must agree.
+        p = float(stats.ttest_ind(g["value"], r["value"], equal_var=False).pvalue) \
+            if len(g) > 1 and len(r) > 1 else float("nan")
+        sizes = f"n={len(g)} pre-trained, {len(r)} random"
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            words = f"not enough seeds for a CI ({sizes})"
+        elif lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):
+            words = f"{NOISE_WORDS} ({sizes})"
+        else:
+            words = f"pre-training {'raises' if lo > 0 else 'lowers'} it beyond seed noise ({sizes})"
+        rows.append({**dict(zip(by, key)), "mean_pretrained": g["value"].mean(), "mean_random": r["value"].mean(),
+                     "diff": g["value"].mean() - r["value"].mean(), "ci_low": lo, "ci_high": hi,
+                     "n_pretrained": len(g), "n_random": len(r), "p_value": p, "interpretation": words})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _run_configs(plan: dict, layout: Layout) -> dict[str, dict]:
+    """The semantic config of each run (corpus, model, budget): the report's scale statement needs it."""
+    out = {}
+    for r in plan["runs"]:
+        p = layout.run_dir(r["run_hash"]) / "config.json"
+        if p.exists():
+            c = read_json(p)
+            out[r["run_hash"]] = {k: c.get(k) for k in ("seed", "corpus", "tokenizer", "objective", "masking",
+                                                        "model", "train")}
+    return out
+
+
+def _num(x: Any) -> float | int | None:
+    """JSON-safe number: NaN/inf become null (DVC's metrics reader rejects NaN)."""
+    if x is None or isinstance(x, bool):
+        return None
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if np.isfinite(v) else None
+
+
+def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer: dict | None,
+                  factor_keys: list[str]) -> dict:
+    """The headline of a study for `dvc metrics show` (results/metrics/study-<name>.json, outside the
+    study folder because DVC forbids a metrics file inside another output): run counts, the paired
+    answer on the primary metric, and the primary metric per factor level."""
+    status = runs["status"].value_counts().to_dict() if len(runs) else {}
+    parts = str(plan.get("primary_metric", "ref_ppl")).split("/")
+    task, mode, metric = parts if len(parts) == 3 else ("pretrain", "pretrain", parts[-1])
+    primary: dict[str, dict] = {}
+    if len(summary):
+        sel = summary[(summary["task"] == task) & (summary["mode"] == mode) & (summary["metric"] == metric)
+                      & (summary["init"] == "pretrained")]
+        for r in sel.to_dict("records"):
+            level = ",".join(f"{k}={r[k]}" for k in factor_keys) or "base"
+            primary[level] = {k: _num(r[k]) for k in ("mean", "ci_low", "ci_high", "n")}
+    ans = None
+    if answer:
+        ans = {k: _num(answer.get(k)) for k in ("diff", "ci_low", "ci_high", "n", "p_value", "mean_a", "mean_b")}
+        ans.update({"a": str(answer.get("a")), "b": str(answer.get("b")),
+                    "interpretation": answer.get("interpretation")})
+    return {"study": plan["name"], "primary_metric": plan.get("primary_metric"),
+            "runs": {"total": int(len(runs)), **{str(k): int(v) for k, v in status.items()}},
+            "answer": ans, "primary": primary}
+
+
 def _csv(df: pd.DataFrame) -> str:
     return df.to_csv(index=False)
 
@@ -173,6 +303,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
     atomic_write_text(out / "summary.csv", _csv(summarize(done, c["factor_keys"])))
     comps = compare(done, plan["compare"]) if plan.get("compare") else pd.DataFrame()
     atomic_write_text(out / "comparisons.csv", _csv(comps))
+    atomic_write_text(out / "baseline.csv", _csv(baseline_gain(done, c["factor_keys"])))
     provenance: dict[str, Any] = {}
     for r in plan["runs"]:
         mp = layout.run_dir(r["run_hash"]) / "meta.json"
@@ -188,7 +319,10 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
             if len(parts) == 3 else comps[(comps["task"] == "pretrain") & (comps["metric"] == pm)]
         if len(sel):
             answer = sel.iloc[0].to_dict()
+    atomic_write_json(layout.root / "metrics" / f"study-{plan['name']}.json",
+                      study_metrics(plan, c["runs"], summarize(done, c["factor_keys"]), answer, c["factor_keys"]))
     atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
+                                           "factor_keys": c["factor_keys"], "configs": _run_configs(plan, layout),
                                            "ci_method": "percentile bootstrap, 10k resamples, seed 0",
                                            "test": "scipy.stats.ttest_rel"})
     return out

@@ -161,10 +161,14 @@ class TrainConfig(Strict):
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
 
 
+# The GLUE tasks study/tasks.py reads; named here so a spec with a typo fails at validation time.
+GLUE_TASKS = ("SST-2", "CoLA", "MRPC", "QNLI", "RTE", "STS-B", "MNLI", "WNLI")
+
+
 class FinetuneConfig(Strict):
     """One recipe for every task (cramming's "GLUE-sane" idea)."""
 
-    tasks: list[str] = Field(default_factory=lambda: ["SST-2"])
+    tasks: list[Literal[GLUE_TASKS]] = Field(default_factory=lambda: ["SST-2"])  # type: ignore[valid-type]
     glue_dir: str = "../shared/data/glue"
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     epochs: float = Field(default=2, gt=0)

@@ -73,7 +73,7 @@ def _read_text(path: Path) -> str:
         text = data.decode("utf-8-sig", errors="strict")
     except UnicodeDecodeError as e:
         raise StudyError(f"{path} is not valid UTF-8 (byte offset {e.start})",
-                         field="corpus.sources", allowed="UTF-8 text files") from None
+                         field="corpus.sources.path", allowed="UTF-8 text files") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -151,7 +151,14 @@ def read_hf(src: CorpusSource) -> Iterator[Doc]:
                                  allowed=", ".join(ds))
             ds = ds[src.split]
     else:
-        ds = datasets.load_dataset(src.name, src.config, split=src.split)
+        try:
+            ds = datasets.load_dataset(src.name, src.config, split=src.split)
+        except (OSError, ValueError) as e:  # not found / offline / unknown split or config
+            raise StudyError(f"cannot load dataset {src.name!r} (config {src.config!r}, split {src.split!r}): "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                             field="corpus.sources.name",
+                             allowed="a hub id already in the local cache (HF_HUB_OFFLINE=1), a save_to_disk "
+                                     "folder, or a folder of data files") from None
     if src.text_column not in ds.column_names:
         raise StudyError(f"column {src.text_column!r} not in dataset {src.name}",
                          field="corpus.sources.text_column", allowed=", ".join(ds.column_names))
@@ -177,6 +184,11 @@ def embedded_path() -> Path:
 MIN_EMBEDDED_WORDS = 50  # stubs and disambiguation pages carry no usable sentences
 
 
+_WIKI_EMPHASIS = re.compile(r"'{2,}")
+_WIKI_ALT = re.compile(r"\|\s*alt=.*$")         # image caption "...|alt=description": keep the caption
+_WIKI_FILE = re.compile(r"(File|Image):", re.I)  # gallery lines "File:x.jpg|caption"
+
+
 def read_embedded() -> Iterator[Doc]:
     """The English Wikipedia sample in the gensim wheel, markup stripped, sentences kept."""
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
@@ -184,10 +196,10 @@ def read_embedded() -> Iterator[Doc]:
         for title, text, _pageid in extract_pages(f):
             if not text or text.lstrip().lower().startswith("#redirect"):
                 continue
-            plain = filter_wiki(text)
-            # drop leftover table/list scaffolding lines and section markers
-            lines = [ln.strip().strip("=").strip() for ln in plain.split("\n")]
-            body = "\n".join(ln for ln in lines if len(ln.split()) >= 3)
+            plain = _WIKI_EMPHASIS.sub("", filter_wiki(text))  # filter_wiki keeps the '' / ''' emphasis quotes
+            # drop leftover table/list scaffolding lines, gallery entries and section markers
+            lines = [_WIKI_ALT.sub("", ln).strip().strip("=").strip() for ln in plain.split("\n")]
+            body = "\n".join(ln for ln in lines if len(ln.split()) >= 3 and not _WIKI_FILE.match(ln))
             if len(body.split()) < MIN_EMBEDDED_WORDS:
                 continue
             sents = split_sentences(body)
@@ -195,34 +207,68 @@ def read_embedded() -> Iterator[Doc]:
                 yield sents
 
 
-_START = re.compile(r"^\*{3}\s*START OF", re.M)
-_END = re.compile(r"^\*{3}\s*END OF", re.M)
+# The licence header ends with a "*** START OF THE PROJECT GUTENBERG EBOOK ... ***" line and the
+# footer starts at "*** END OF ..." -- which some files indent -- or, in older files, at an
+# "End of (the) Project Gutenberg EBook of ..." line a few lines earlier. Matching "START OF" at
+# column 0 only (the old rule) left the whole licence in books with an indented END line.
+# (the START marker may wrap onto a second line before its closing ***, as in pg43.txt)
+_START = re.compile(r"^[ \t]*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG(?:[^*]{0,400}\*{3}.*$|.*$)",
+                    re.M | re.I)
+_END = re.compile(r"^[ \t]*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)", re.M | re.I)
+# Paragraphs inside the body that are transcriber/producer notes, not the book
+_NOTE = re.compile(r"project\s+gutenberg|gutenberg\.org|\be-?text\b|transcriber['’]?s note"
+                   r"|^\s*\[?(produced by|transcribed from|e-?text prepared by)",
+                   re.I)
+_PARA_SEP = re.compile(r"(\n[ \t]*\n)")
+_BARE_NUMBER = re.compile(r"-?\d{1,3}-?\.?|[IVXLC]+\.?")           # fullmatch on a stripped line
+_NUMBER_TITLE = re.compile(r"([IVXLC]+|\d{1,3})\.\s+\S.{0,80}")
 _CHAPTER = re.compile(r"^\s*(CHAPTER|Chapter|BOOK|Book|PART|Part)\s+([IVXLCDM]+|\d+|[A-Z][a-z]+)\b.*$")
 
 
 def strip_gutenberg(text: str) -> str:
+    """The book text only: licence header and footer and producer/transcriber notes removed.
+
+    Expects text already BOM-free with LF line ends (`_read_text`); a file without the
+    START marker is taken whole (minus notes), one without an END marker runs to the end.
+    """
     m = _START.search(text)
     if m:
-        text = text[text.index("\n", m.start()) + 1 if "\n" in text[m.start():] else len(text):]
+        text = text[m.end():]
     m = _END.search(text)
     if m:
         text = text[:m.start()]
-    return text
+    parts = _PARA_SEP.split(text)  # [para, sep, para, sep, ...]: separators kept for chapter lines
+    return "".join(p for i, p in enumerate(parts) if i % 2 or not _NOTE.search(p))
+
+
+def _is_heading(lines: list[str], i: int) -> bool:
+    line = lines[i]
+    if _CHAPTER.match(line):
+        return True
+    blank_before = i == 0 or not lines[i - 1].strip()
+    if not blank_before:
+        return False
+    text = line.strip()
+    if _BARE_NUMBER.fullmatch(text):  # "I.", "XII", "-1-" (a title line may follow directly)
+        return True
+    # "1.  The Cyclone", "I. A SCANDAL IN BOHEMIA": alone between blank lines
+    return (i + 1 == len(lines) or not lines[i + 1].strip()) and bool(_NUMBER_TITLE.fullmatch(text))
 
 
 def read_gutenberg(path: str) -> Iterator[Doc]:
     """Project Gutenberg books; one document per chapter.
 
-    Chapters (lines like "CHAPTER I", "Chapter 1", "BOOK II") give many more
-    documents than books, which NSP's random-document B and the doc-level split
-    need; a book without chapter headings is one document. Wrapped lines inside a
-    paragraph are joined before sentence splitting.
+    A chapter starts at a heading line: "CHAPTER I", "Chapter 1", "BOOK II", "PART ONE", or a bare
+    number/numeral ("II.", "-1-", "3. The Title") between blank lines. Chapters give many more
+    documents than books, which NSP's random-document B and the doc-level split need; a book
+    without such headings stays one document. Wrapped lines inside a paragraph are joined
+    before sentence splitting.
     """
     for f in _files(path, ("*.txt",), "corpus.sources.path"):
-        body = strip_gutenberg(_read_text(f))
+        lines = strip_gutenberg(_read_text(f)).split("\n")
         chapters: list[list[str]] = [[]]
-        for line in body.split("\n"):
-            if _CHAPTER.match(line):
+        for i, line in enumerate(lines):
+            if _is_heading(lines, i):
                 chapters.append([])
                 continue
             chapters[-1].append(line)
@@ -252,6 +298,8 @@ class Corpus:
     valid: list[Doc] = field(default_factory=list)
     test: list[Doc] = field(default_factory=list)
     per_source: list[dict] = field(default_factory=list)
+    # origin[split][i] = index (in cfg.sources) of the source document split[i] came from
+    origin: dict[str, list[int]] = field(default_factory=lambda: {"train": [], "valid": [], "test": []})
 
     def split(self, name: str) -> list[Doc]:
         return {"train": self.train, "valid": self.valid, "test": self.test}[name]
@@ -280,34 +328,40 @@ def _unit(seed: int, source: int, doc: int) -> float:
 
 def load_corpus(cfg: CorpusConfig, progress: bool = True) -> Corpus:
     corpus = Corpus()
-    keyed: list[tuple[float, Doc]] = []
+    keyed: list[tuple[float, int, Doc]] = []
     for si, src in enumerate(cfg.sources):
         n_docs = n_sents = n_words = 0
         it = tqdm(read_source(src), desc=f"read {src.kind}", unit="doc", disable=not progress)
         for di, doc in enumerate(it):
             if src.max_documents is not None and di >= src.max_documents:
                 break
-            keyed.append((_unit(cfg.split_seed, si, di), doc))
+            keyed.append((_unit(cfg.split_seed, si, di), si, doc))
             n_docs += 1
             n_sents += len(doc)
             n_words += sum(len(s.split()) for s in doc)
         corpus.per_source.append({"kind": src.kind, "path": src.path, "name": src.name,
                                   "documents": n_docs, "sentences": n_sents, "words": n_words})
-    if not keyed or not any(doc for _, doc in keyed):
+    if not keyed:
         raise StudyError("the corpus has no documents", field="corpus.sources",
                          allowed="sources that contain at least one non-empty document")
-    for u, doc in keyed:
+
+    def put(name: str, si: int, doc: Doc) -> None:
+        corpus.split(name).append(doc)
+        corpus.origin[name].append(si)
+
+    def move(src: str, dst: str) -> None:
+        put(dst, corpus.origin[src].pop(), corpus.split(src).pop())
+
+    for u, si, doc in keyed:
         if u < cfg.valid_fraction:
-            corpus.valid.append(doc)
+            put("valid", si, doc)
         elif u < cfg.valid_fraction + cfg.test_fraction:
-            corpus.test.append(doc)
+            put("test", si, doc)
         else:
-            corpus.train.append(doc)
+            put("train", si, doc)
     # guarantee one validation document (and keep train non-empty) when there are >= 2
     if len(keyed) >= 2 and not corpus.valid:
-        donor = corpus.test if corpus.test else corpus.train
-        corpus.valid.append(donor.pop())
+        move("test" if corpus.test else "train", "valid")
     if not corpus.train:
-        donor = corpus.test if corpus.test else corpus.valid
-        corpus.train.append(donor.pop())
+        move("test" if corpus.test else "valid", "train")
     return corpus

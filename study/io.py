@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import faults
+
 
 def canonical_json(obj: Any) -> str:
     """JSON with sorted keys and no whitespace: the input to every config hash."""
@@ -39,10 +41,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        faults.point("io.replace", str(path))  # the fault suite kills here: the temp file is complete, not yet renamed
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -69,8 +73,10 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    tmp.chmod(0o755)  # mkdtemp makes 0700; results are meant to be shared
     try:
         yield tmp
+        faults.point("io.replace", str(final))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

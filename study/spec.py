@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .config import RunConfig
 from .errors import StudyError
 from .paths import Layout
+from .searchspec import SearchSpec
 
 
 class ReportHints(BaseModel):
@@ -58,6 +59,7 @@ class SpecFile(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     report: ReportHints = Field(default_factory=ReportHints)
+    search: SearchSpec | None = None  # an optuna search over spec keys (study/search.py)
 
 
 @dataclass
@@ -92,13 +94,17 @@ class Study:
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        """The study's name; a profile is part of it (results/studies/nsp-cpu, reports/nsp-cpu)."""
+        return f"{self.spec.name}-{self.profile}" if self.profile else self.spec.name
 
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
+        from .finetune import baseline_key  # lazy: spec parsing must not import torch
         runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
-                 "status": p.status(layout)} for p in self.runs]
+                 "status": p.status(layout),
+                 "baseline_key": baseline_key(p.config) if p.config.finetune.baseline else None}
+                for p in self.runs]
         return {"name": self.name, "question": self.spec.question, "kind": r.kind,
                 "primary_metric": r.primary_metric, "x": r.x, "hue": r.hue, "compare": r.compare,
                 "references": r.references, "spec": str(self.path), "profile": self.profile,
@@ -183,7 +189,10 @@ def _read_yaml(path: Path) -> dict:
 
 
 def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFile, dict]:
-    """Read a spec and fold its `base` chain into one defaults tree (cycles rejected)."""
+    """Read a spec and fold its `base` chain into one defaults tree (cycles rejected).
+
+    Profiles are inherited too: a base's `cpu` profile applies unless the spec redefines keys of it.
+    The returned SpecFile carries the merged profiles."""
     path = path.resolve()
     if path in chain:
         cycle = " -> ".join(p.name for p in (*chain, path))
@@ -194,17 +203,22 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
     except ValidationError as err:
         raise _pydantic_error(err, str(path)) from None
     defaults: dict = {}
+    profiles: dict = {}
     if spec.base:
         base_path = (path.parent / spec.base)
         if not base_path.exists():
             raise StudyError(f"base spec '{spec.base}' does not exist (looked at {base_path})",
                              field="base", source=str(path))
-        _, defaults = _resolve_defaults(base_path, (*chain, path))
+        base_spec, defaults = _resolve_defaults(base_path, (*chain, path))
+        profiles = copy.deepcopy(base_spec.profiles)
     for section in spec.defaults:
         if section not in RunConfig.model_fields:
             raise StudyError(f"unknown section{_suggest(section, list(RunConfig.model_fields))}",
                              field=f"defaults.{section}", source=str(path),
                              allowed=", ".join(RunConfig.model_fields))
+    for name, settings in spec.profiles.items():
+        profiles[name] = {**profiles.get(name, {}), **settings}
+    spec.profiles = profiles
     return spec, _deep_merge(defaults, spec.defaults)
 
 
@@ -249,6 +263,11 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
                              allowed=", ".join(spec.profiles) or "(this spec defines none)")
         for key, value in spec.profiles[profile].items():
             _set_dotted(defaults, key, value, source)
+    known_refs = sorted(p.stem for p in (Path(__file__).parent / "references").glob("*.yaml"))
+    for ref in spec.report.references:
+        if ref not in known_refs:
+            raise StudyError(f"unknown paper reference {ref!r}{_suggest(ref, known_refs)}",
+                             field="report.references", source=source, allowed=", ".join(known_refs))
     study = Study(path=path, spec=spec, defaults=defaults, profile=profile)
     seen: dict[str, str] = {}
     for label, setting in _design_points(spec, source):

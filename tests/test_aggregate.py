@@ -57,3 +57,81 @@ def test_aggregate_from_run_folders(tmp_path):
     comp = pd.read_csv(out / "comparisons.csv")
     ppl = comp[comp["metric"] == "ref_ppl"].iloc[0]
     assert ppl["diff"] == pytest.approx(10.0)
+
+
+def test_bootstrap_diff_matches_scipy_two_sample():
+    from study.aggregate import bootstrap_diff_ci
+    a = np.array([0.71, 0.73, 0.70, 0.74, 0.72])
+    b = np.array([0.50, 0.52, 0.49, 0.51])
+    lo, hi = bootstrap_diff_ci(a, b)
+    ref = stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), method="percentile",
+                          n_resamples=10_000, random_state=np.random.default_rng(0)).confidence_interval
+    assert lo == pytest.approx(ref.low, abs=0.005) and hi == pytest.approx(ref.high, abs=0.005)
+    assert all(np.isnan(bootstrap_diff_ci([1.0], b)))  # one value: no CI rather than a zero-width one
+
+
+def test_random_baseline_counted_once_and_baseline_gain(tmp_path):
+    """Every run points at the same random-init baseline; its results count once per fine-tune seed
+    (3 here), not once per run (which would fake precision), and baseline.csv = pretrained - random."""
+    import sys
+    from pathlib import Path
+    import pandas as pd
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    layout, plan, out = rf.build(tmp_path, "nsp", failures=False)
+    summ = pd.read_csv(out / "summary.csv")
+    rnd = summ[(summ["init"] == "random") & (summ["task"] == "SST-2")]
+    assert set(rnd["n"]) == {3}
+    tidy = pd.read_csv(out / "results.csv")
+    raw = tidy[(tidy["init"] == "random") & (tidy["task"] == "SST-2")].drop_duplicates(["source_key", "finetune_seed"])
+    assert rnd["mean"].iloc[0] == pytest.approx(raw["value"].mean())
+    base = pd.read_csv(out / "baseline.csv")
+    row = base[(base["task"] == "SST-2") & (base["objective.sentence"] == "none")].iloc[0]
+    pre = summ[(summ["init"] == "pretrained") & (summ["task"] == "SST-2") & (summ["mode"] == "finetune")
+               & (summ["objective.sentence"] == "none")]["mean"].iloc[0]
+    assert row["diff"] == pytest.approx(pre - raw["value"].mean())
+    assert row["ci_low"] < row["diff"] < row["ci_high"] and row["n_random"] == 3 and row["n_pretrained"] == 3
+    # Cost metrics ride along as tidy rows; study.json carries the run configs and factor keys.
+    assert {"params", "tokens_per_s", "tokens_seen"} <= set(tidy[tidy["task"] == "pretrain"]["metric"])
+    study = json.loads((out / "study.json").read_text())
+    assert study["factor_keys"] == ["objective.sentence"]
+    assert study["configs"]["nsp0"]["model"]["layers"] == 2
+
+
+def test_one_random_baseline_per_seed_is_the_unit(tmp_path):
+    """When each pre-training seed has its own random-init baseline (as the smoke study does), the
+    baseline is the unit (its fine-tune seeds averaged), so n_random counts baselines, not files."""
+    import sys
+    from pathlib import Path
+    import pandas as pd
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    rng = np.random.default_rng(1)
+    runs = [rf._run(layout, f"r{s}", "x", s, {"objective.sentence": "nsp"}, ppl=100.0, acc=0.7, rng=rng,
+                    baseline=f"random-s{s}", tasks=("SST-2",)) for s in (0, 1)]
+    plan = {"name": "t", "runs": runs, "finetune_hash": "ft", "compare": None, "primary_metric": "ref_ppl"}
+    out = aggregate_study(plan, layout)
+    base = pd.read_csv(out / "baseline.csv")
+    assert list(base["n_random"]) == [2] and list(base["n_pretrained"]) == [2]
+    tidy = pd.read_csv(out / "results.csv")
+    rnd = tidy[tidy["init"] == "random"].drop_duplicates(["source_key", "finetune_seed"])
+    per_baseline = rnd.groupby("source_key")["value"].mean()
+    assert base["mean_random"].iloc[0] == pytest.approx(per_baseline.mean())
+    assert np.isfinite(base["p_value"].iloc[0])  # Welch t-test beside the bootstrap CI
+
+
+def test_study_metrics_file_for_dvc(tmp_path):
+    """results/metrics/study-<name>.json (the aggregate stage's DVC metric) holds the answer and the
+    primary metric per level, as strict JSON (no NaN)."""
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    runs = [_fake_run(layout, f"{s}{seed}", s, seed, 100 + 10 * (s == "none") + seed, 0.7 + 0.01 * seed)
+            for s in ("nsp", "none") for seed in (0, 1)]
+    plan = {"name": "t", "primary_metric": "SST-2/finetune/accuracy", "finetune_hash": "ft", "runs": runs,
+            "compare": {"factor": "objective.sentence", "a": "nsp", "b": "none"}}
+    aggregate_study(plan, layout)
+    text = (layout.root / "metrics" / "study-t.json").read_text()
+    m = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert m["runs"] == {"total": 4, "done": 4}
+    assert m["answer"]["a"] == "nsp" and m["answer"]["n"] == 2 and m["answer"]["diff"] == pytest.approx(0.0)
+    assert set(m["primary"]) == {"objective.sentence=nsp", "objective.sentence=none"}

@@ -1,0 +1,159 @@
+"""Does a pruned optuna search find the grid's best masking rate for less than half the tokens?
+
+One small mask-rate problem, two ways, each in its own results folder (so neither reuses the other's runs):
+  grid    every level of masking.rate trained to the end (an ordinary `factors:` study)
+  search  `study search`'s defaults, TPE + median pruner on the trainer's eval curve, over
+          masking.rate in [0.05, 0.5] step 0.05; a trial's bucket is the nearest grid level.
+Objective for both: the fixed-reference MLM loss (ref_mlm_loss, lower is better).
+Tokens: grid = sum of metrics.json tokens_seen; search = sum of the tokens each trial trained
+(pruned trials stop at their last eval; a repeated config reuses its run and trains nothing).
+
+    .venv/bin/python bench/search.py [--steps 200] [--trials 8] [--work DIR]
+
+Last line, exactly: `search tokens_ratio=<search tokens / grid tokens> best_bucket_match=<yes|no>`.
+Corpus: WikiText-2 valid (../shared/data) when present, else a synthetic corpus (stated in the output).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+WIKI = REPO.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+GRID = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
+
+
+def synthetic_corpus(folder: Path) -> str:
+    import numpy as np
+    rng = np.random.default_rng(0)
+    subj = "the cat|the dog|a bird|my friend|the teacher|a child|the farmer|our neighbor".split("|")
+    verb = "sees|likes|finds|takes|wants|brings|makes|holds".split("|")
+    obj = "a red ball|the old book|some fresh bread|a small box|the green apple|a long letter".split("|")
+    adv = "today|again|quickly|at home|in the park|after lunch|every day|with care".split("|")
+    docs = []
+    for _ in range(1500):
+        sents = []
+        for _ in range(int(rng.integers(3, 8))):
+            i = int(rng.integers(len(subj)))
+            sents.append(f"{subj[i].capitalize()} {verb[(i + int(rng.integers(2))) % 8]} "
+                         f"{obj[int(rng.integers(len(obj)))]} {adv[i]}.")
+        docs.append(" ".join(sents))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "synthetic.txt").write_text("\n\n".join(docs) + "\n")
+    return f"text:{folder}"
+
+
+def write_spec(path: Path, source: str, steps: int, trials: int) -> Path:
+    import yaml
+    eval_every = max(1, steps // 10)
+    doc = {
+        "name": "bench-mask-rate",
+        "question": "Which masking rate gives the lowest reference MLM loss for a tiny BERT?",
+        "defaults": {
+            "corpus": {"sources": [source], "valid_fraction": 0.1, "test_fraction": 0.05},
+            "tokenizer": {"vocab_size": 2048},
+            "objective": {"format": "doc_sentences", "sentence": "none", "max_seq_len": 64},
+            "model": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 256, "max_positions": 64},
+            "train": {"budget": "steps", "amount": steps, "batch_size": 16, "lr": 2e-3, "eval_sequences": 128},
+            "impl": {"eval_every": eval_every, "checkpoint_every": eval_every * 5, "threads": 1, "progress": False},
+        },
+        "factors": {"masking.rate": GRID},
+        "search": {
+            "objective": "ref_mlm_loss", "n_trials": trials,
+            "sampler": {"kind": "tpe", "seed": 0, "n_startup_trials": 3},
+            "pruner": {"kind": "median", "n_startup_trials": 2, "n_warmup_steps": 2 * eval_every},
+            "params": {"masking.rate": {"low": 0.05, "high": 0.5, "step": 0.05}},
+        },
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def bucket(rate: float) -> float:
+    return min(GRID, key=lambda g: (abs(g - rate), g))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--work", type=Path, help="working folder (default: a temp folder, removed)")
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    from optuna.trial import TrialState
+    from study.data import prepare_data
+    from study.paths import Layout
+    from study.search import run_search
+    from study.spec import load_study
+    from study.train import train_run
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-search-"))
+    work.mkdir(parents=True, exist_ok=True)
+    source = f"wikitext:{WIKI}" if WIKI.exists() else synthetic_corpus(work / "corpus")
+    print(f"corpus: {source}  steps/run: {args.steps}  search trials: {args.trials}  grid: {GRID}")
+    spec = write_spec(work / "bench.yaml", source, args.steps, args.trials)
+    study = load_study(spec)
+    grid_l, search_l = Layout(root=work / "grid"), Layout(root=work / "search")
+    prepare_data(study.runs[0].config, grid_l, progress=False)
+    # the same prepared data for both (data prep is not training; sharing it only saves time)
+    (work / "search").mkdir(exist_ok=True)
+    if not (work / "search" / "data").exists():
+        os.symlink(work / "grid" / "data", work / "search" / "data")
+
+    t0 = time.perf_counter()
+    grid, grid_tokens = {}, 0
+    for run in study.runs:
+        m = train_run(run.config, grid_l, quiet=True)
+        grid[run.factors["masking.rate"]] = m["ref_mlm_loss"]
+        grid_tokens += int(m["tokens_seen"])
+        print(f"grid  masking.rate={run.factors['masking.rate']:<5} ref_mlm_loss={m['ref_mlm_loss']:.4f} "
+              f"tokens={int(m['tokens_seen'])}", flush=True)
+    t_grid = time.perf_counter() - t0
+    grid_best = min(grid, key=grid.get)
+
+    t0 = time.perf_counter()
+    ostudy = run_search(spec, layout=search_l, quiet=True)
+    t_search = time.perf_counter() - t0
+    search_tokens = 0
+    for t in ostudy.get_trials():
+        tok = int(t.user_attrs.get("tokens") or 0)
+        search_tokens += tok
+        rate = t.user_attrs.get("settings", {}).get("masking.rate")
+        last = max(t.intermediate_values) if t.intermediate_values else None
+        print(f"trial {t.number:>2} {t.state.name:8} masking.rate={rate:<5} bucket={bucket(rate):<5} "
+              f"value={t.value if t.value is not None else float('nan'):.4f} last_step={last} tokens={tok}"
+              f"{' (reused)' if t.user_attrs.get('reused') else ''}")
+    # cross-check from the run folders alone: the tokens each search run folder has seen
+    folder_tokens = 0
+    for d in (work / "search" / "runs").iterdir():
+        if d.is_dir():
+            hist = [json.loads(x) for x in (d / "history.jsonl").read_text().splitlines()]
+            folder_tokens += max(int(e.get("tokens") or 0) for e in hist)
+    complete = [t for t in ostudy.get_trials() if t.state == TrialState.COMPLETE]
+    best = min(complete, key=lambda t: t.value)
+    best_rate = best.user_attrs["settings"]["masking.rate"]
+    ratio = search_tokens / grid_tokens
+    print(f"grid:   {len(study.runs)} runs, {grid_tokens:,} tokens, {t_grid:.0f}s; best masking.rate={grid_best} "
+          f"(ref_mlm_loss {grid[grid_best]:.4f})")
+    print(f"search: {len(ostudy.get_trials())} trials ({len(complete)} complete), {search_tokens:,} tokens "
+          f"(run folders: {folder_tokens:,}), {t_search:.0f}s; best masking.rate={best_rate} -> bucket "
+          f"{bucket(best_rate)} (ref_mlm_loss {best.value:.4f})")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"search tokens_ratio={ratio:.3f} best_bucket_match={'yes' if bucket(best_rate) == grid_best else 'no'}")
+
+
+if __name__ == "__main__":
+    main()

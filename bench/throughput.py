@@ -1,0 +1,171 @@
+"""Throughput benchmark (not a test): this trainer vs the baseline a user would write, in ONE process.
+
+Baseline: stock `BertForPreTraining` + `DataCollatorForLanguageModeling` (15% Bernoulli, 80/10/10) +
+`transformers.Trainer` (AdamW, linear warmup/decay, clipping, same hyper-parameters), fed the same
+segment_pair/NSP instances our trainer builds, with the same initial weights and thread count.
+Ours: `study.train.train_run` with its defaults (sparse MLM head, eager attention, fp32 on CPU).
+
+Both are timed over the training loop only (data collation/masking included, evaluation and saving
+not): ours is metrics["time_s"], the baseline is on_train_begin -> on_train_end of a callback.
+Tokens are non-pad tokens. MFU = model_flops_per_token (useful FLOPs: MLM head on predicted positions
+only) x tokens/s / a fp32 matmul peak measured in this process (study.evaluate.matmul_peak_flops).
+
+    .venv/bin/python bench/throughput.py [--steps 30] [--threads N]
+
+Last line, exactly: `throughput ratio_a=<x> ratio_b=<y> mfu_b=<z>` (ratio = ours / baseline tokens/s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIGS = {  # the two sizes the issue names: L/H/A/I
+    "a": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512},
+    "b": {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
+}
+
+
+def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str = "auto"):
+    from study.config import RunConfig
+    return RunConfig.model_validate({
+        "corpus": {"sources": [{"kind": "wikitext", "path": str(corpus)}]},
+        "tokenizer": {"vocab_size": 8192},
+        "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 128},
+        "model": {**CONFIGS[name], "max_positions": 128},
+        "train": {"budget": "steps", "amount": steps, "batch_size": 32, "eval_sequences": 64},
+        "impl": {"threads": threads, "precision": precision, "progress": False, "log_every": 5,
+                 "checkpoint_every": 100000},
+    })
+
+
+def ours(cfg, layout) -> dict:
+    from study.train import train_run
+    shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)  # train now, not a cached result
+    m = train_run(cfg, layout, quiet=True)
+    hist = (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
+    losses = [json.loads(h)["loss"] for h in hist if "loss" in json.loads(h)]
+    return {"tokens_per_s": m["tokens_per_s"], "loss": losses[-1], "mfu": m["mfu"], "steps": m["steps"],
+            "tokens": m["tokens_seen"], "seconds": m["time_s"]}
+
+
+def baseline(cfg, prepared, steps: int) -> dict:
+    from transformers import (DataCollatorForLanguageModeling, Trainer, TrainerCallback,
+                              TrainingArguments)
+
+    from study.config import ImplConfig
+    from study.instances import build_instances
+    from study.model import build_model
+
+    inst = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
+    feats = []
+    for i in range(len(inst)):
+        n = int(inst.lengths[i])
+        feats.append({"input_ids": inst.input_ids[i, :n].tolist(),
+                      "token_type_ids": inst.token_type_ids[i, :n].tolist(),
+                      "attention_mask": [1] * n, "next_sentence_label": int(inst.sentence_label[i])})
+    # stock model, transformers' default attention kernel, the same initial weights as ours
+    model = build_model(cfg.model, len(prepared.tokenizer), True, ImplConfig(attention="sdpa"), seed=cfg.seed)
+    collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
+    seen: list[int] = []
+
+    def collate(features):
+        batch = collator(features)
+        seen.append(int(batch["attention_mask"].sum()))
+        return batch
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t0 = self.t1 = None
+            self.losses: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_train_end(self, args, state, control, **kw):
+            self.t1 = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
+
+    clock = Clock()
+    t = cfg.train
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=t.batch_size, max_steps=steps, learning_rate=t.lr,
+            warmup_steps=t.warmup, lr_scheduler_type="linear", weight_decay=t.weight_decay,
+            adam_beta1=t.beta1, adam_beta2=t.beta2, adam_epsilon=t.eps, max_grad_norm=t.clip,
+            logging_steps=5, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+            disable_tqdm=True, seed=cfg.seed, remove_unused_columns=False)
+        trainer = Trainer(model=model, args=args, train_dataset=feats, data_collator=collate, callbacks=[clock])
+        trainer.train()
+    secs = clock.t1 - clock.t0
+    tokens = sum(seen[:steps])
+    return {"tokens_per_s": tokens / secs, "loss": clock.losses[-1], "steps": steps, "tokens": tokens,
+            "seconds": secs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw"))
+    ap.add_argument("--out", default=str(REPO / "bench" / "out" / "throughput"))
+    ap.add_argument("--no-bf16", action="store_true", help="skip the extra bf16-autocast run of config b")
+    args = ap.parse_args()
+    try:
+        import accelerate  # noqa: F401 - transformers.Trainer refuses to start without it
+    except ImportError:
+        print("the baseline uses transformers.Trainer, which needs `accelerate` "
+              "(pip install accelerate==1.16.0)", file=sys.stderr)
+        return 2
+
+    import torch
+    torch.set_num_threads(args.threads)
+    from study.data import prepare_data
+    from study.evaluate import matmul_peak_flops
+    from study.model import model_flops_per_token
+    from study.paths import Layout
+
+    layout = Layout(root=Path(args.out) / "results")
+    peak = matmul_peak_flops("cpu")
+    print(f"threads {args.threads}; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)")
+    prepared = prepare_data(run_config("a", args.steps, args.threads, Path(args.corpus)), layout, progress=False)
+    print(f"data: vocab {len(prepared.tokenizer)}, train tokens {prepared.split('train').n_tokens:,}")
+    res = {}
+    for name in ("a", "b"):
+        cfg = run_config(name, args.steps, args.threads, Path(args.corpus))
+        o = ours(cfg, layout)
+        torch.set_num_threads(args.threads)
+        b = baseline(cfg, prepared, args.steps)
+        fpt = model_flops_per_token(cfg.model, 128, len(prepared.tokenizer), 0.15 * 128, sparse=True)
+        b["mfu"] = fpt * b["tokens_per_s"] / peak
+        res[name] = (o, b)
+        print(f"config {name} {CONFIGS[name]}: ours {o['tokens_per_s']:,.0f} tok/s (loss@{o['steps']} "
+              f"{o['loss']:.3f}, mfu {o['mfu']:.3f}) | baseline {b['tokens_per_s']:,.0f} tok/s "
+              f"(loss@{b['steps']} {b['loss']:.3f}, mfu {b['mfu']:.3f}) | ratio "
+              f"{o['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
+    if not args.no_bf16:
+        cfg = run_config("b", args.steps, args.threads, Path(args.corpus), precision="bf16")
+        o = ours(cfg, layout)
+        print(f"config b, ours with bf16 autocast (impl.precision=bf16): {o['tokens_per_s']:,.0f} tok/s "
+              f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs fp32 peak {o['mfu']:.3f})")
+    ra = res["a"][0]["tokens_per_s"] / res["a"][1]["tokens_per_s"]
+    rb = res["b"][0]["tokens_per_s"] / res["b"][1]["tokens_per_s"]
+    print(f"throughput ratio_a={ra:.2f} ratio_b={rb:.2f} mfu_b={res['b'][0]['mfu']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

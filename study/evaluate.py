@@ -1,0 +1,168 @@
+"""The fixed-reference evaluation every run is compared on, and the hardware peak MFU divides by.
+
+Reference MLM: the VALID split cut as `reference_instances` (doc_sentences blocks of the run's
+max_seq_len, fixed seed) and masked by `reference_masking` (15%, 80/10/10, exact count, fixed seed
+per instance index). Two runs on the same data and max_seq_len are therefore scored on exactly the
+same positions, whatever their own objective, format or masking: a static-masking run and a
+whole-word run are measured on the same questions.
+
+Sentence task (NSP/SOP): valid instances built with the run's own objective and a FIXED seed
+(`SENTENCE_EVAL_SEED`, not the run's seed), so seeds of one config are scored on the same pairs.
+Those inputs carry reference masks too, because that is the distribution the head was trained on.
+
+Masks are drawn on full-length rows and padding is trimmed per eval batch afterwards, so neither
+the eval batch size nor the trimming changes which positions are asked.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import RunConfig
+from .model import pretraining_loss
+
+EVAL_BATCH = 64            # fixed, so results do not depend on the training batch size
+SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs
+ROW_SEED = 1234            # which validation rows are scored (fixed)
+
+
+@dataclass
+class EvalSet:
+    """Masked, padded CPU tensors; rows are scored in fixed order."""
+
+    input_ids: torch.Tensor       # [N, L] long, masked inputs
+    labels: torch.Tensor          # [N, L] long, -100 where not asked
+    attention_mask: torch.Tensor  # [N, L] long
+    token_type_ids: torch.Tensor  # [N, L] long
+    sentence_label: torch.Tensor | None  # [N] long, or None when there is no sentence task
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
+    """n rows spread over the whole split (instances come in corpus order; the first n would all be
+    from the first documents), chosen by a fixed seed and kept in corpus order."""
+    from .masking import reference_masking
+
+    rows = np.sort(np.random.default_rng(ROW_SEED).permutation(len(inst.input_ids))[:n])
+    ids = torch.as_tensor(np.asarray(inst.input_ids[rows]), dtype=torch.long)
+    # the mask key is the row's index in the full instance list: stable whatever n is
+    inputs, labels = reference_masking(ids, special, torch.as_tensor(rows))
+    att = torch.as_tensor(np.asarray(inst.attention_mask()[rows]), dtype=torch.long)
+    tt = torch.as_tensor(np.asarray(inst.token_type_ids[rows]), dtype=torch.long)
+    sl = torch.as_tensor(np.asarray(inst.sentence_label[rows]), dtype=torch.long) if with_sentence else None
+    return EvalSet(inputs, labels, att, tt, sl)
+
+
+def reference_set(cfg: RunConfig, prepared) -> EvalSet:
+    """The first `train.eval_sequences` reference instances of the valid split, reference-masked."""
+    from .instances import reference_instances
+
+    inst = reference_instances(prepared.split("valid"), cfg.objective.max_seq_len, prepared.special)
+    return _masked_set(inst, min(cfg.train.eval_sequences, len(inst.input_ids)), prepared.special, False)
+
+
+def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
+    """Valid instances with the run's objective (fixed seed) for NSP/SOP accuracy; None without a task."""
+    if cfg.objective.sentence == "none":
+        return None
+    from .errors import StudyError
+    from .instances import build_instances
+
+    try:
+        inst = build_instances(prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED,
+                               epoch=0)
+    except StudyError as exc:
+        # e.g. NSP needs two validation documents: the run still trains; sentence_acc is null
+        warnings.warn(f"no {cfg.objective.sentence} evaluation: {exc}", RuntimeWarning, stacklevel=2)
+        return None
+    n = min(cfg.train.eval_sequences, len(inst.input_ids))
+    return _masked_set(inst, n, prepared.special, True) if n else None
+
+
+@torch.no_grad()
+def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> dict:
+    loss_sum = 0.0
+    correct = count = s_correct = s_count = 0
+    for b in range(0, len(es), EVAL_BATCH):
+        sl = slice(b, b + EVAL_BATCH)
+        att = es.attention_mask[sl]
+        width = int(att.sum(1).max())  # trim padding: masks were drawn on the full rows already
+        batch = dict(input_ids=es.input_ids[sl, :width], attention_mask=att[:, :width],
+                     token_type_ids=es.token_type_ids[sl, :width], labels=es.labels[sl, :width])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        s_lab = es.sentence_label[sl].to(device) if es.sentence_label is not None else None
+        with autocast():
+            out = pretraining_loss(model, **batch, sentence_label=s_lab, sparse=sparse)
+        n = int(out.mlm_count)
+        if n:
+            loss_sum += float(out.mlm_loss) * n  # mean over the batch's masked tokens -> sum
+        correct += int(out.mlm_correct)
+        count += n
+        if out.sentence_correct is not None:
+            s_correct += int(out.sentence_correct)
+            s_count += out.sentence_count
+    loss = loss_sum / count if count else float("nan")
+    return {"loss": loss, "acc": correct / count if count else float("nan"), "masked": count,
+            "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count}
+
+
+def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
+             autocast=contextlib.nullcontext, sparse: bool = True) -> dict:
+    """Reference MLM loss/accuracy/perplexity (+ NSP/SOP accuracy). Leaves the model's mode as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        r = _score(model, ref, device, autocast, sparse)
+        s = _score(model, sent, device, autocast, sparse) if sent is not None else None
+    finally:
+        model.train(was_training)
+    return {
+        "ref_mlm_loss": r["loss"],
+        "ref_mlm_acc": r["acc"],
+        # exp of a mean NLL; capped so a diverging early model does not overflow to inf in JSON
+        "ref_ppl": math.exp(min(r["loss"], 700.0)) if math.isfinite(r["loss"]) else float("nan"),
+        "sentence_acc": s["sentence_acc"] if s is not None else None,
+        "ref_sequences": len(ref),
+        "ref_masked": r["masked"],
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5) -> float:
+    """Best observed fp32 FLOP/s of an n x n matmul on `device` (with the current thread count).
+
+    Measured, not looked up: MFU is then "fraction of what this machine did on a dense fp32
+    matmul in the same process", comparable across runs on one machine. One warm-up, then timed
+    repeats until `budget_s` (at least one, at most 20). Cached per process.
+    """
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(dev)
+    b = torch.randn(n, n, generator=g).to(dev)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        elif dev.type == "mps":
+            torch.mps.synchronize()
+
+    torch.mm(a, b)  # warm-up (allocations, kernel selection)
+    sync()
+    best, start = float("inf"), time.perf_counter()
+    for _ in range(20):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return 2.0 * n ** 3 / best

@@ -1,0 +1,446 @@
+"""Seaborn/matplotlib figures for a study report, drawn from aggregate tables only.
+
+Every figure function takes DataFrames (the aggregate CSVs) and returns a `Drawn` with a matplotlib
+figure, or a reason why there is nothing to draw: a figure without data is skipped with a note,
+never a crash. `make_figures` picks the figures by the study's `kind`, always adds the training
+curves, and writes each one as PNG and SVG.
+
+Error bars are the aggregate's 95% percentile-bootstrap CIs over pre-training seeds (the report
+never re-computes statistics); a level with one seed is drawn without a bar and says n=1.
+No torch import anywhere here: the report must render on a machine without the training stack.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on CI or in DVC stages
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+# Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
+matplotlib.rcParams["svg.hashsalt"] = "study-report"
+BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "sentence_acc", "mfu"}
+COST = {"tokens_per_s", "params", "tokens_seen", "mfu", "wall_s"}
+REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
+
+
+@dataclass
+class Drawn:
+    name: str
+    title: str
+    caption: str
+    fig: plt.Figure | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class FigureFile:
+    name: str
+    title: str
+    caption: str
+    png: Path | None
+    svg: Path | None
+    skipped: str | None
+
+
+# --------------------------------------------------------------------------- helpers
+def parse_metric(spec: str | None) -> tuple[str, str, str]:
+    """'SST-2/finetune/accuracy' -> (task, mode, metric); 'ref_ppl' -> ('pretrain', 'pretrain', 'ref_ppl')."""
+    parts = (spec or "ref_ppl").split("/")
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    return "pretrain", "pretrain", parts[-1]
+
+
+def metric_label(task: str, mode: str, metric: str) -> str:
+    return metric if task == "pretrain" else f"{task} {mode} {metric}"
+
+
+def _canon(v) -> str:
+    """A level value as text that survives the YAML -> JSON -> CSV round trip (2 == 2.0 == '2')."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "None"
+    if isinstance(v, bool):
+        return str(v)
+    try:
+        return repr(float(v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def run_labels(plan: dict, keys: list[str]) -> dict[tuple, str] | None:
+    """Factor values -> the spec's run label, when the spec names its design points by label
+    (`x: label` or `compare.factor: label`, i.e. explicit `runs:`) and the mapping is one to one."""
+    if "label" not in (plan.get("x"), (plan.get("compare") or {}).get("factor")) or not keys:
+        return None
+    out: dict[tuple, str] = {}
+    for r in plan.get("runs", []):
+        k = tuple(_canon(r.get("factors", {}).get(key)) for key in keys)
+        if out.setdefault(k, r["label"]) != r["label"]:
+            return None
+    return out
+
+
+def level_label(values: dict, keys: list[str], names: dict[tuple, str] | None = None) -> str:
+    """One readable name per factor level: the spec's run label when it has one, else '0.4',
+    '80/10/10' (MASK/SAME/RND), or 'k=v, k=v'."""
+    if not keys:
+        return "base"
+    if names:
+        got = names.get(tuple(_canon(values.get(k)) for k in keys))
+        if got is not None:
+            return got
+    if set(keys) == set(REPLACEMENT_KEYS):
+        try:
+            return "/".join(f"{round(float(values[k]) * 100):d}" for k in REPLACEMENT_KEYS)
+        except (TypeError, ValueError):
+            pass
+    if len(keys) == 1:
+        return _fmt_level(values.get(keys[0]))
+    return ", ".join(f"{k.split('.')[-1]}={_fmt_level(values.get(k))}" for k in keys)
+
+
+def _fmt_level(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "base"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def with_levels(df: pd.DataFrame, keys: list[str], names: dict[tuple, str] | None = None) -> pd.DataFrame:
+    df = df.copy()
+    df["level"] = [level_label(r, keys, names) for r in df[keys].to_dict("records")] if keys else "base"
+    return df
+
+
+def _numeric(series: pd.Series) -> pd.Series | None:
+    out = pd.to_numeric(series, errors="coerce")
+    return out if out.notna().all() else None
+
+
+def _yerr(g: pd.DataFrame) -> np.ndarray:
+    lo = (g["mean"] - g["ci_low"]).to_numpy(dtype=float)
+    hi = (g["ci_high"] - g["mean"]).to_numpy(dtype=float)
+    return np.nan_to_num(np.vstack([lo, hi]), nan=0.0).clip(min=0)
+
+
+def select(summary: pd.DataFrame, task: str, mode: str, metric: str, init: str = "pretrained") -> pd.DataFrame:
+    if summary.empty:
+        return summary
+    m = (summary["task"] == task) & (summary["mode"] == mode) & (summary["metric"] == metric)
+    if "init" in summary:
+        m &= summary["init"] == init
+    return summary[m]
+
+
+def _x_key(plan: dict, keys: list[str], hint: str) -> str | None:
+    x = plan.get("x")
+    if x in keys:
+        return x
+    for k in keys:
+        if hint in k:
+            return k
+    return keys[0] if keys else None
+
+
+def _panel_vs_x(ax, g: pd.DataFrame, x: str, label: str | None = None, **kw) -> bool:
+    """Mean +/- CI against a numeric factor; categorical factors fall back to level order."""
+    if g.empty:
+        return False
+    xs = _numeric(g[x])
+    g = g.assign(_x=xs if xs is not None else g[x].astype(str)).sort_values("_x")
+    ax.errorbar(g["_x"] if xs is not None else range(len(g)), g["mean"], yerr=_yerr(g), marker="o", capsize=3,
+                label=label, **kw)
+    if xs is None:
+        ax.set_xticks(range(len(g)), g["_x"])
+    for xv, (_, r) in zip(g["_x"] if xs is not None else range(len(g)), g.iterrows()):
+        if int(r["n"]) < 2:
+            ax.annotate("n=1", (xv, r["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    return True
+
+
+def _fig(ncols: int, width: float = 4.2, height: float = 3.3):
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.8)
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _downstream_metrics(summary: pd.DataFrame, modes=("finetune",)) -> list[tuple[str, str, str]]:
+    if summary.empty:
+        return []
+    d = summary[(summary["task"] != "pretrain") & summary["mode"].isin(modes)]
+    return sorted({(r.task, r.mode, r.metric) for r in d.itertuples()})
+
+
+# --------------------------------------------------------------------------- figures
+def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None) -> Drawn:
+    d = Drawn("training_curves", "Training loss", "Training loss per logged step: mean over seeds, the band spans "
+              "the lowest to the highest seed, one line per design point.")
+    if curves is None or curves.empty or curves["loss"].dropna().empty:
+        d.skipped = "no training curves yet (no run has logged a loss)"
+        return d
+    c = curves.dropna(subset=["loss"]).copy()
+    c = c[np.isfinite(c["loss"].astype(float))]
+    if c.empty:
+        d.skipped = "every logged loss is non-finite"
+        return d
+    # x is the optimizer step: seeds log at the same steps, while their token counts differ slightly
+    # (variable-length instances), and averaging over unaligned x values would draw a sawtooth.
+    fig, (ax,) = _fig(1, width=7.0, height=3.6)
+    # Min-max band, not a bootstrap: curves have hundreds of steps and the band is only a visual aid.
+    sns.lineplot(data=c, x="step", y="loss", hue="label", errorbar=("pi", 100), ax=ax)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (MLM + sentence task)")
+    ax.legend(fontsize=7, title=None)
+    d.fig = fig
+    return d
+
+
+def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
+    cmp = plan.get("compare") or {}
+    a, b = cmp.get("a", "a"), cmp.get("b", "b")
+    d = Drawn("paired_differences", f"{b} minus {a}, per task", f"Paired difference {b} − {a} (same pre-training "
+              "seed), mean with 95% bootstrap CI; the dashed line is no effect. Downstream scores in points "
+              "(×100); perplexity in its own units.")
+    if comparisons is None or comparisons.empty:
+        d.skipped = "no paired comparison in the aggregate (the study has no `compare`, or no seed finished both levels)"
+        return d
+    c = comparisons[~comparisons["metric"].isin(COST)].copy()
+    down = c[c["task"] != "pretrain"].copy()
+    pre = c[(c["task"] == "pretrain") & (c["metric"] == "ref_ppl")]
+    if down.empty and pre.empty:
+        d.skipped = "the comparison has neither downstream scores nor perplexity"
+        return d
+    fig, axes = _fig(2 if (len(down) and len(pre)) else 1, width=4.6, height=0.5 + 0.45 * max(len(down), 3))
+    i = 0
+    if len(down):
+        ax = axes[i]
+        i += 1
+        scale = np.where(down["metric"].isin(BOUNDED), 100.0, 1.0)
+        down["what"] = down["task"] + " " + down["mode"] + " " + down["metric"]
+        y = np.arange(len(down))
+        ax.errorbar(down["diff"] * scale, y, xerr=np.nan_to_num(np.vstack([(down["diff"] - down["ci_low"]) * scale,
+                                                                         (down["ci_high"] - down["diff"]) * scale]),
+                                                              nan=0.0).clip(min=0), fmt="o", capsize=3)
+        ax.set_yticks(y, down["what"])
+        ax.axvline(0, ls="--", c="grey")
+        ax.set_xlabel(f"{b} − {a} (points)")
+    if len(pre):
+        ax = axes[i]
+        ax.errorbar(pre["diff"], [0] * len(pre), xerr=_xerr(pre), fmt="o", capsize=3, color="C1")
+        ax.set_yticks([0], ["fixed-reference perplexity"])
+        ax.axvline(0, ls="--", c="grey")
+        ax.set_xlabel(f"{b} − {a} (perplexity)")
+    d.fig = fig
+    return d
+
+
+def _xerr(g: pd.DataFrame) -> np.ndarray:
+    return np.nan_to_num(np.vstack([g["diff"] - g["ci_low"], g["ci_high"] - g["diff"]]), nan=0.0).clip(min=0)
+
+
+def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
+    d = Drawn("mask_rate", "Masking rate vs perplexity and downstream score", "Left: perplexity on the fixed "
+              "reference masks (15%, 80/10/10, the same positions for every run) against the training masking "
+              "rate. Right: downstream scores. Mean over pre-training seeds, 95% bootstrap CI.")
+    x = _x_key(plan, keys, "masking.rate")
+    if x is None or summary.empty:
+        d.skipped = "no masking-rate factor or no finished runs"
+        return d
+    ppl = select(summary, "pretrain", "pretrain", "ref_ppl")
+    down = _downstream_metrics(summary, ("finetune", "probe"))
+    if ppl.empty and not down:
+        d.skipped = "no perplexity and no downstream scores yet"
+        return d
+    fig, (a1, a2) = _fig(2)
+    if not _panel_vs_x(a1, ppl, x):
+        a1.text(0.5, 0.5, "no perplexity yet", ha="center", transform=a1.transAxes)
+    a1.set_xlabel(x)
+    a1.set_ylabel("reference perplexity")
+    for t, m, met in down:
+        _panel_vs_x(a2, select(summary, t, m, met), x, label=f"{t} {m} {met}")
+    a2.set_xlabel(x)
+    a2.set_ylabel("downstream score")
+    if down:
+        a2.legend(fontsize=7)
+    else:
+        a2.text(0.5, 0.5, "no downstream scores yet", ha="center", transform=a2.transAxes)
+    d.fig = fig
+    return d
+
+
+def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
+    d = Drawn("replacement", "Replacement split: fine-tune and feature-based", "Score per MASK/SAME/RND split "
+              "(as BERT Table 8): fine-tuning (left) and the frozen-encoder probe (right), mean over "
+              "pre-training seeds with 95% bootstrap CI.")
+    if summary.empty:
+        d.skipped = "no finished runs"
+        return d
+    s = with_levels(summary[summary["init"] == "pretrained"], keys, run_labels(plan, keys))
+    panels = [(m, s[(s["mode"] == m) & (s["task"] != "pretrain") & ~s["metric"].isin(COST)]) for m in ("finetune", "probe")]
+    if all(p.empty for _, p in panels):
+        d.skipped = "no fine-tune or probe scores yet"
+        return d
+    fig, axes = _fig(2)
+    order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
+    for ax, (mode, p) in zip(axes, panels):
+        if p.empty:
+            ax.text(0.5, 0.5, f"no {mode} scores", ha="center", transform=ax.transAxes)
+            ax.set_title("fine-tune" if mode == "finetune" else "feature-based (probe)")
+            continue
+        p = p.assign(what=p["task"] + " " + p["metric"])
+        whats = sorted(p["what"].unique())
+        w = 0.8 / len(whats)
+        for k, what in enumerate(whats):
+            g = p[p["what"] == what].set_index("level").reindex(order).dropna(subset=["mean"])
+            xs = [order.index(lv) + (k - (len(whats) - 1) / 2) * w for lv in g.index]
+            # Points, not bars: a bar's length from zero would hide differences of a point or two.
+            ax.errorbar(xs, g["mean"], yerr=_yerr(g), fmt="o", capsize=3, label=what)
+        ax.set_xticks(range(len(order)), order, rotation=30)
+        ax.set_xlabel("MASK/SAME/RND %" if set(keys) == set(REPLACEMENT_KEYS) else ", ".join(keys))
+        ax.set_title("fine-tune" if mode == "finetune" else "feature-based (probe)")
+        ax.legend(fontsize=7)
+    d.fig = fig
+    return d
+
+
+def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
+    d = Drawn("depth", "Depth vs perplexity, score, parameters and measured speed", "Against the number of "
+              "layers: fixed-reference perplexity, the primary downstream score, parameter count and measured "
+              "training throughput (tokens/s on this study's hardware). Mean, 95% bootstrap CI over seeds.")
+    x = _x_key(plan, keys, "layers")
+    if x is None or summary.empty:
+        d.skipped = "no depth factor or no finished runs"
+        return d
+    task, mode, metric = parse_metric(plan.get("primary_metric"))
+    if task == "pretrain":
+        dm = _downstream_metrics(summary)
+        task, mode, metric = dm[0] if dm else (task, mode, metric)
+    panels = [("reference perplexity", select(summary, "pretrain", "pretrain", "ref_ppl")),
+              (metric_label(task, mode, metric), select(summary, task, mode, metric)),
+              ("parameters", select(summary, "pretrain", "pretrain", "params")),
+              ("tokens / s (measured)", select(summary, "pretrain", "pretrain", "tokens_per_s"))]
+    if all(g.empty for _, g in panels):
+        d.skipped = "no per-depth metrics yet"
+        return d
+    fig, axes = _fig(4, width=3.3)
+    for ax, (ylabel, g) in zip(axes, panels):
+        if not _panel_vs_x(ax, g, x):
+            ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+    d.fig = fig
+    return d
+
+
+def generic(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
+    task, mode, metric = parse_metric(plan.get("primary_metric"))
+    d = Drawn("primary_metric", f"{metric_label(task, mode, metric)} per design point",
+              "The primary metric per factor level, mean over pre-training seeds with 95% bootstrap CI.")
+    g = select(summary, task, mode, metric) if not summary.empty else summary
+    if g.empty:
+        d.skipped = f"no values of the primary metric {plan.get('primary_metric')!r} yet"
+        return d
+    g = with_levels(g, keys, run_labels(plan, keys))
+    fig, (ax,) = _fig(1, width=max(4.0, 0.9 * len(g) + 2))
+    ax.bar(range(len(g)), g["mean"], yerr=_yerr(g), capsize=3)
+    ax.set_xticks(range(len(g)), g["level"], rotation=30)
+    ax.set_ylabel(metric_label(task, mode, metric))
+    d.fig = fig
+    return d
+
+
+def search_trials(trials: pd.DataFrame | None, direction: str = "minimize") -> Drawn:
+    """Optuna trials: value per trial and the best so far; x is training tokens when the table has them.
+
+    `trials` columns: number, state, value, params_* (any), and optionally tokens.
+    """
+    d = Drawn("search_trials", "Search trials", "Objective value of every completed trial (dots) and the best "
+              "value so far (line); pruned and failed trials are counted in the caption, not drawn.")
+    if trials is None or trials.empty or "value" not in trials:
+        d.skipped = "no search trials"
+        return d
+    t = trials.copy()
+    if "tokens" not in t and "user_attrs_tokens" in t:  # optuna's trials_dataframe() spelling
+        t = t.rename(columns={"user_attrs_tokens": "tokens"})
+    state = t["state"].astype(str).str.upper() if "state" in t else pd.Series("COMPLETE", index=t.index)
+    done = t[state.str.contains("COMPLETE") & t["value"].notna()]
+    if done.empty:
+        d.skipped = f"{len(t)} trials, none completed with a value"
+        return d
+    done = done.sort_values("number")
+    best = done["value"].cummin() if direction == "minimize" else done["value"].cummax()
+    x = "tokens" if "tokens" in done and done["tokens"].notna().all() else "number"
+    fig, (ax,) = _fig(1, width=6.0)
+    ax.scatter(done[x], done["value"], s=14, label="trial")
+    ax.step(done[x], best, where="post", color="C1", label=f"best so far ({direction})")
+    ax.set_xlabel("training tokens" if x == "tokens" else "trial number")
+    ax.set_ylabel("objective value")
+    ax.legend(fontsize=7)
+    d.caption += f" {len(done)} of {len(t)} trials completed."
+    d.fig = fig
+    return d
+
+
+# --------------------------------------------------------------------------- orchestration
+def _safe(name: str, fn) -> Drawn:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - odd data degrades one figure to a note, never the report
+        plt.close("all")
+        return Drawn(name, name.replace("_", " "), "", skipped=f"could not draw: {type(exc).__name__}: {exc}")
+
+
+def choose(plan: dict, keys: list[str], summary: pd.DataFrame, comparisons: pd.DataFrame,
+           curves: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[Drawn]:
+    """The kind's figures, a paired-difference plot whenever the plan compares two levels, the
+    primary metric when nothing else drew, and always the training curves."""
+    kind = plan.get("kind", "generic")
+    by_kind = {"nsp": ("paired_differences", lambda: paired_differences(comparisons, plan)),
+               "mask_rate": ("mask_rate", lambda: mask_rate(summary, plan, keys)),
+               "replacement": ("replacement", lambda: replacement(summary, plan, keys)),
+               "depth": ("depth", lambda: depth(summary, plan, keys))}
+    drawn = [_safe(*by_kind[kind])] if kind in by_kind else []
+    if kind != "nsp" and plan.get("compare"):
+        drawn.append(_safe("paired_differences", lambda: paired_differences(comparisons, plan)))
+    if kind == "generic" or not any(d.fig for d in drawn):
+        drawn.append(_safe("primary_metric", lambda: generic(summary, plan, keys)))
+    drawn.append(_safe("training_curves", lambda: training_curves(curves, runs)))
+    return drawn
+
+
+def save(drawn: list[Drawn], out_dir: Path) -> list[FigureFile]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for d in drawn:
+        png = svg = None
+        if d.fig is not None:
+            try:
+                d.fig.tight_layout()
+                png, svg = out_dir / f"{d.name}.png", out_dir / f"{d.name}.svg"
+                d.fig.savefig(png, dpi=110, metadata={"Software": None})
+                d.fig.savefig(svg, metadata={"Date": None, "Creator": None})
+            except Exception as exc:  # noqa: BLE001 - one bad figure must not cost the whole report
+                png = svg = None
+                d.skipped = f"drawing failed: {type(exc).__name__}: {exc}"
+            finally:
+                plt.close(d.fig)
+        files.append(FigureFile(d.name, d.title, d.caption, png, svg, d.skipped))
+    return files
+
+
+def make_figures(plan: dict, keys: list[str], summary: pd.DataFrame, comparisons: pd.DataFrame,
+                 curves: pd.DataFrame, out_dir: Path, runs: pd.DataFrame | None = None,
+                 trials: pd.DataFrame | None = None, direction: str = "minimize") -> list[FigureFile]:
+    """Draw the kind's figures (+ training curves, + search trials when given) into out_dir."""
+    drawn = choose(plan, keys, summary, comparisons, curves, runs)
+    if trials is not None:
+        drawn.append(_safe("search_trials", lambda: search_trials(trials, direction)))
+    return save(drawn, out_dir)

@@ -1,0 +1,480 @@
+"""Downstream evaluation of a pre-trained run: GLUE fine-tuning, a feature-based probe, a random-init baseline.
+
+One recipe for every task (cfg.finetune: epochs, lr, batch, warmup, weight decay, max_length, example
+caps), as cramming does, so that differences between runs come from pre-training, not from per-task tuning.
+
+- finetune: the pre-trained encoder + a linear head on the pooled [CLS] (BERT's pooler, exactly as
+  `BertForSequenceClassification`), all weights trained with AdamW, linear warmup then linear decay.
+- probe: the frozen encoder's [CLS] vectors from the last `probe_layers` layers, concatenated, and a
+  scikit-learn logistic (classification) or ridge (regression) head: BERT Table 8's feature-based
+  column. The encoder is frozen and in eval mode, so the probe is deterministic given the encoder; it
+  is fitted once per task and the same result is written for every seed (aggregation averages
+  fine-tuning seeds within a pre-training seed, so the copies add no false precision).
+- random baseline: the same architecture and tokenizer with freshly seeded weights, the same recipe.
+  It says how much of a GLUE score pre-training explains at all.
+
+Results: `layout.finetune_dir(run_key)/<task>/<finetune_hash>/<mode>-seed<k>.json`, one file per
+(task, mode, seed), written atomically as soon as it is known; an existing result is returned, not
+recomputed. A task without a train or dev split gets a `{"run_key", "task", "skipped": reason}` file
+in the same place (re-checked on every call, so it disappears once the data is there).
+
+Randomness: the fine-tuning seed fixes the head init (explicit generator), the batch order (numpy
+SeedSequence) and dropout (torch's default generator, forked and seeded for the duration of one
+fine-tune, so the caller's RNG state is untouched). Which rows a `max_*_examples` cap keeps does not
+depend on the seed or the model: every run and the baseline see the same examples.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .config import ImplConfig, RunConfig
+from .errors import StudyError
+from .io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
+from .paths import Layout
+from .provenance import provenance
+from .tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+
+# Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+GRAD_CLIP = 1.0
+EVAL_BATCH = 128
+SUBSET_SEED = 20181011        # which rows a cap keeps; a constant so every run sees the same rows
+PROBE_C = 1.0                 # inverse L2 strength of the logistic probe (standardised features)
+PROBE_ALPHA = 1.0             # ridge strength of the regression probe
+PROBE_MAX_ITER = 2000
+MODES = ("finetune", "probe")
+
+
+# --------------------------------------------------------------------------- keys and paths
+def baseline_key(cfg: RunConfig) -> str:
+    """Run key of the random-init baseline: what a random model depends on, nothing else.
+
+    The architecture (model section), the tokenizer/vocabulary (data_hash) and the init seed. Runs
+    that differ only in objective, masking or training share one baseline.
+    """
+    return "random-" + hash_obj({"model": cfg.model.model_dump(mode="json"), "data": cfg.data_hash(),
+                                 "seed": cfg.seed})
+
+
+def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
+    return layout.finetune_dir(run_key) / task / finetune_hash / f"{mode}-seed{seed}.json"
+
+
+def _cache_dir(layout: Layout) -> Path:
+    # Outside results/finetune on purpose: that folder is a DVC dependency of aggregation, and a
+    # tokenization cache changing must not make the study re-aggregate.
+    return layout.root / ".cache" / "finetune"
+
+
+# --------------------------------------------------------------------------- public API
+def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
+    """Fine-tune (and probe) the pre-trained model of `cfg` on every task x seed of cfg.finetune."""
+    model_dir = layout.run_dir(cfg.run_hash()) / "model"
+
+    def load() -> _Encoder:
+        if not (model_dir / "config.json").is_file():
+            raise StudyError(f"no pre-trained model at {model_dir}; run `study pretrain` first",
+                             field="run", source=str(model_dir))
+        tok = _load_tokenizer(model_dir)
+        vocab = int(read_json(model_dir / "config.json")["vocab_size"])
+        _check_vocab(tok, vocab, model_dir)
+        from transformers import BertForPreTraining
+        from transformers.utils import logging as hf_logging
+        # Load the full pre-training class and keep .bert: loading BertModel directly reports the
+        # MLM/NSP heads as "unexpected keys" on every call.
+        was = hf_logging.is_progress_bar_enabled()
+        if quiet:   # transformers' own "Loading weights" bar; restored so the caller's setting stands
+            hf_logging.disable_progress_bar()
+        try:
+            full = BertForPreTraining.from_pretrained(str(model_dir), attn_implementation=cfg.impl.attention)
+        finally:
+            if quiet and was:
+                hf_logging.enable_progress_bar()
+        return _Encoder(tok, full.bert, str(model_dir))
+
+    return _run_all(cfg, layout, cfg.run_hash(), "pretrained", load, quiet)
+
+
+def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
+    """The same architecture with random (seeded) weights, the same recipe; init "random"."""
+    model_dir = layout.run_dir(cfg.run_hash()) / "model"
+
+    def load() -> _Encoder:
+        if (model_dir / "tokenizer.json").is_file():
+            tok, where = _load_tokenizer(model_dir), str(model_dir)
+        else:
+            from .data import prepare_data
+            prepared = prepare_data(cfg, layout, progress=not quiet)
+            tok, where = prepared.tokenizer, str(prepared.dir)
+        from .model import build_model
+        model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
+        return _Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
+
+    return _run_all(cfg, layout, baseline_key(cfg), "random", load, quiet)
+
+
+# --------------------------------------------------------------------------- encoder + tokenizer
+@dataclass
+class _Encoder:
+    tokenizer: object
+    bert: torch.nn.Module      # transformers BertModel (with pooler)
+    source: str
+
+    @property
+    def tok_hash(self) -> str:
+        # the tokenizer's full serialized state: vocab, normalizer, post-processor
+        return hash_obj(self.tokenizer.backend_tokenizer.to_str(), length=16)
+
+
+def _load_tokenizer(model_dir: Path):
+    if not (model_dir / "tokenizer.json").is_file():
+        raise StudyError(f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
+                         field="run", source=str(model_dir))
+    from .tokenizer import load_tokenizer
+    return load_tokenizer(model_dir)
+
+
+def _check_vocab(tok, vocab_size: int, where: Path) -> None:
+    if len(tok) != vocab_size:
+        raise StudyError(f"the tokenizer has {len(tok)} tokens but the model's embedding has {vocab_size} rows",
+                         field="tokenizer.vocab_size", allowed=f"a tokenizer of exactly {vocab_size} tokens",
+                         source=str(where))
+
+
+def _device(impl: ImplConfig) -> torch.device:
+    if impl.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if impl.device == "cuda" and not torch.cuda.is_available():
+        raise StudyError("CUDA is not available on this machine", field="impl.device", allowed="auto, cpu")
+    if impl.device == "mps" and not torch.backends.mps.is_available():
+        raise StudyError("MPS is not available on this machine", field="impl.device", allowed="auto, cpu")
+    return torch.device(impl.device)
+
+
+def _autocast(impl: ImplConfig, device: torch.device):
+    bf16 = impl.precision == "bf16" or (impl.precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+# --------------------------------------------------------------------------- tokenized task data
+@dataclass
+class _Encoded:
+    ids: list[np.ndarray]
+    types: list[np.ndarray]
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _cap(data: TaskData, n: int | None) -> TaskData:
+    if n is None or len(data) <= n:
+        return data
+    rng = np.random.default_rng(np.random.SeedSequence([SUBSET_SEED, len(data), n]))
+    return data.subset(np.sort(rng.choice(len(data), size=n, replace=False)))
+
+
+def _encode(enc: _Encoder, data: TaskData, max_length: int, layout: Layout, glue_dir: str) -> _Encoded:
+    """Tokenize a (capped) split, cached by tokenizer + file content + max_length + rows kept."""
+    src = data.source
+    content = sha256_file(src) if glue_dir != HUB and Path(src).is_file() else src
+    key = hash_obj({"tok": enc.tok_hash, "task": data.task, "split": data.split, "content": content,
+                    "max_length": max_length, "rows": hash_obj([data.text_a, data.text_b])}, length=20)
+    path = _cache_dir(layout) / f"{data.task}-{data.split}-{key}.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            offs = z["offsets"]
+            ids = np.split(z["ids"], offs[1:-1])
+            types = np.split(z["types"], offs[1:-1])
+    else:
+        out = enc.tokenizer(data.text_a, data.text_b, truncation=True, max_length=max_length,
+                            return_token_type_ids=True, return_attention_mask=False)
+        ids = [np.asarray(x, dtype=np.int32) for x in out["input_ids"]]
+        types = [np.asarray(x, dtype=np.int8) for x in out["token_type_ids"]]
+        offs = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum([len(x) for x in ids], out=offs[1:])
+        import io
+        buf = io.BytesIO()
+        np.savez(buf, ids=np.concatenate(ids), types=np.concatenate(types), offsets=offs)
+        atomic_write_bytes(path, buf.getvalue())
+    return _Encoded(ids, types, data.labels)
+
+
+def _collate(e: _Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length)."""
+    width = max(len(e.ids[i]) for i in idx)
+    ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.tokenizer.SPECIALS)
+    types = np.zeros((len(idx), width), dtype=np.int64)
+    mask = np.zeros((len(idx), width), dtype=np.int64)
+    for r, i in enumerate(idx):
+        n = len(e.ids[i])
+        ids[r, :n], types[r, :n], mask[r, :n] = e.ids[i], e.types[i], 1
+    return {"input_ids": torch.from_numpy(ids).to(device), "token_type_ids": torch.from_numpy(types).to(device),
+            "attention_mask": torch.from_numpy(mask).to(device)}
+
+
+def _eval_batches(e: _Encoded) -> list[np.ndarray]:
+    # length-sorted batches: little padding; predictions are put back in row order by the caller
+    order = np.argsort([len(x) for x in e.ids], kind="stable")
+    return [order[i:i + EVAL_BATCH] for i in range(0, len(order), EVAL_BATCH)]
+
+
+# --------------------------------------------------------------------------- fine-tuning
+class _Classifier(torch.nn.Module):
+    """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS]))."""
+
+    def __init__(self, bert: torch.nn.Module, num_labels: int, dropout: float, init_range: float,
+                 generator: torch.Generator):
+        super().__init__()
+        self.bert = bert
+        self.dropout = torch.nn.Dropout(dropout)
+        self.head = torch.nn.Linear(bert.config.hidden_size, num_labels)
+        with torch.no_grad():
+            self.head.weight.normal_(0.0, init_range, generator=generator)
+            self.head.bias.zero_()
+
+    def forward(self, **batch) -> torch.Tensor:
+        pooled = self.bert(**batch).pooler_output
+        return self.head(self.dropout(pooled)).float()
+
+
+def _loss(spec: TaskSpec, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if spec.is_regression:
+        return F.mse_loss(logits.squeeze(-1), y.float())
+    return F.cross_entropy(logits, y.long())
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    # BERT: no weight decay on biases and LayerNorm weights
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _predict(model: torch.nn.Module, e: _Encoded, device: torch.device, impl: ImplConfig) -> np.ndarray:
+    model.eval()
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    with torch.no_grad(), _autocast(impl, device):
+        for idx in _eval_batches(e):
+            out.append((idx, model(**_collate(e, idx, device)).float().cpu().numpy()))
+    k = out[0][1].shape[1]
+    preds = np.zeros((len(e), k), dtype=np.float32)
+    for idx, logits in out:
+        preds[idx] = logits
+    return preds
+
+
+def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: _Encoded, dev: _Encoded,
+                  seed: int, device: torch.device, desc: str, quiet: bool) -> dict:
+    ft = cfg.finetune
+    t0 = time.time()
+    steps_per_epoch = math.ceil(len(train) / ft.batch_size)
+    total = max(1, math.ceil(ft.epochs * steps_per_epoch))
+    warmup = int(round(ft.warmup * total))
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)  # dropout masks only; the caller's RNG state is restored on exit
+        gen = torch.Generator().manual_seed(seed)
+        model = _Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
+                            gen).to(device)
+        opt = torch.optim.AdamW(_param_groups(model, ft.weight_decay), lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+        labels = torch.from_numpy(train.labels)
+        losses: list[float] = []
+        model.train()
+        step = 0
+        bar = tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False)
+        for epoch in range(math.ceil(ft.epochs)):
+            order = np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(len(train))
+            for b in range(0, len(order), ft.batch_size):
+                if step >= total:
+                    break
+                idx = order[b:b + ft.batch_size]
+                with _autocast(cfg.impl, device):
+                    logits = model(**_collate(train, idx, device))
+                loss = _loss(spec, logits, labels[torch.from_numpy(idx)].to(device))
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite fine-tuning loss at step {step} ({spec.name}, seed {seed})")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        bar.close()
+        preds = _predict(model, dev, device, cfg.impl)
+    tail = losses[-max(1, steps_per_epoch // 4):]   # the last quarter epoch: the loss where training ended
+    return {"metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
+            "steps": step, "train_loss": float(np.mean(tail)), "wall_s": round(time.time() - t0, 3)}
+
+
+# --------------------------------------------------------------------------- probe
+def _features(bert: torch.nn.Module, e: _Encoded, layers: int, device: torch.device, impl: ImplConfig,
+              desc: str, quiet: bool) -> np.ndarray:
+    """[CLS] of the last `layers` layers, concatenated: [n, layers * hidden]."""
+    bert = bert.to(device).eval()
+    feats = np.zeros((len(e), layers * bert.config.hidden_size), dtype=np.float32)
+    with torch.no_grad(), _autocast(impl, device):
+        for idx in tqdm(_eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
+            hs = bert(**_collate(e, idx, device), output_hidden_states=True).hidden_states
+            feats[idx] = torch.cat([h[:, 0] for h in hs[-layers:]], dim=-1).float().cpu().numpy()
+    return feats
+
+
+def _probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: _Encoded, dev: _Encoded,
+           device: torch.device, quiet: bool) -> dict:
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    t0 = time.time()
+    k = cfg.finetune.probe_layers
+    x_train = _features(bert, train, k, device, cfg.impl, f"{spec.name} probe features (train)", quiet)
+    x_dev = _features(bert, dev, k, device, cfg.impl, f"{spec.name} probe features (dev)", quiet)
+    if spec.is_regression:
+        clf = make_pipeline(StandardScaler(), Ridge(alpha=PROBE_ALPHA))
+        clf.fit(x_train, train.labels)
+        preds = clf.predict(x_dev)
+    else:
+        # lbfgs is deterministic: no random_state needed, the probe depends on the encoder alone
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER))
+        clf.fit(x_train, train.labels)
+        preds = clf.predict(x_dev)
+    return {"metrics": compute_metrics(spec, preds, dev.labels), "features": int(x_train.shape[1]),
+            "wall_s": round(time.time() - t0, 3)}
+
+
+# --------------------------------------------------------------------------- orchestration
+def _unavailable(spec: TaskSpec, glue_dir: str) -> str | None:
+    if glue_dir == HUB:
+        return None
+    for split in ("train", "dev"):
+        p = task_path(spec.name, glue_dir, split)
+        if not p.is_file():
+            return f"no {split} split: {p} does not exist"
+    return None
+
+
+def _validate(cfg: RunConfig) -> list[TaskSpec]:
+    ft = cfg.finetune
+    specs = [get_task(t) for t in ft.tasks]       # unknown names -> StudyError listing the allowed ones
+    if len(set(ft.tasks)) != len(ft.tasks):
+        raise StudyError(f"duplicate task in {ft.tasks}", field="finetune.tasks")
+    if ft.glue_dir != HUB and not Path(ft.glue_dir).is_dir():
+        raise StudyError(f"GLUE folder {ft.glue_dir} does not exist (resolved from {Path.cwd()})",
+                         field="finetune.glue_dir", allowed=f"a folder of GLUE tasks, or '{HUB}'")
+    if ft.max_length > cfg.model.max_positions:
+        raise StudyError(f"{ft.max_length} exceeds model.max_positions ({cfg.model.max_positions})",
+                         field="finetune.max_length", allowed=f"8..{cfg.model.max_positions}")
+    if ft.probe and ft.probe_layers > cfg.model.layers:
+        raise StudyError(f"the model has {cfg.model.layers} layers", field="finetune.probe_layers",
+                         allowed=f"1..{cfg.model.layers}")
+    return specs
+
+
+def _existing(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        res = read_json(path)
+    except (OSError, json.JSONDecodeError):
+        return None   # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
+    return None if "skipped" in res else res
+
+
+def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], _Encoder],
+             quiet: bool) -> list[dict]:
+    quiet = quiet or not cfg.impl.progress
+    ft = cfg.finetune
+    specs = _validate(cfg)
+    fh = cfg.finetune_hash()
+    modes = ["finetune"] + (["probe"] if ft.probe else [])
+    device = _device(cfg.impl)
+    old_threads = torch.get_num_threads()
+    if cfg.impl.threads:
+        torch.set_num_threads(cfg.impl.threads)
+    try:
+        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, device)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, device) -> list[dict]:
+    ft = cfg.finetune
+    plan = []   # (spec, paths, what): what = "done" | skip reason | (train, dev)
+    for spec in specs:
+        paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
+        done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}
+        plan.append([spec, paths, "done" if len(done) == len(paths) else _unavailable(spec, ft.glue_dir)])
+    enc: _Encoder | None = None
+    if any(what != "done" for _, _, what in plan):
+        enc = load()   # validates the checkpoint (tokenizer vs vocab) before anything is written
+        for item in plan:
+            if item[2] is None:
+                # read every task's data before computing anything: a bad file stops the call early
+                item[2] = (_cap(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
+                           _cap(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples))
+    results: list[dict] = []
+    for spec, paths, what in plan:
+        if what == "done":
+            results.extend(_existing(p) for p in paths.values())
+        elif isinstance(what, str):
+            for p in paths.values():
+                rec = {"run_key": run_key, "task": spec.name, "skipped": what}
+                atomic_write_json(p, rec)
+                results.append(rec)
+        else:
+            lock = _cache_dir(layout) / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
+            with file_lock(lock):
+                done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}  # another process?
+                results.extend(_run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout,
+                                         device, quiet, *what))
+    return results
+
+
+def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, device, quiet,
+              train: TaskData, dev: TaskData) -> list[dict]:
+    ft = cfg.finetune
+    e_train = _encode(enc, train, ft.max_length, layout, ft.glue_dir)
+    e_dev = _encode(enc, dev, ft.max_length, layout, ft.glue_dir)
+    prov = provenance(str(device))
+
+    def record(mode: str, seed: int, out: dict) -> dict:
+        m = out["metrics"]
+        return {"run_key": run_key, "task": spec.name, "mode": mode, "init": init, "seed": seed, "metrics": m,
+                "primary_metric": spec.primary, "primary": m[spec.primary], "n_train": len(train),
+                "n_eval": len(dev), "finetune_hash": fh, "provenance": prov, "encoder": enc.source,
+                **{k: v for k, v in out.items() if k != "metrics"}}
+
+    out: dict = dict(done)
+    for seed in ft.seeds:
+        if ("finetune", seed) in out:
+            continue
+        res = _finetune_one(cfg, spec, enc.bert, e_train, e_dev, seed, device,
+                            f"{run_key[:12]} {spec.name} seed{seed}", quiet)
+        out[("finetune", seed)] = rec = record("finetune", seed, res)
+        atomic_write_json(paths[("finetune", seed)], rec)
+    if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
+        res = _probe(cfg, spec, enc.bert, e_train, e_dev, device, quiet)
+        for seed in ft.seeds:
+            if ("probe", seed) not in out:
+                out[("probe", seed)] = rec = record("probe", seed, res)
+                atomic_write_json(paths[("probe", seed)], rec)
+    return [out[k] for k in paths]

@@ -1,0 +1,483 @@
+"""One self-contained HTML report per study, rendered from the aggregate files only.
+
+Input: `results/studies/<name>/` as written by `study.aggregate.aggregate_study` (study.json,
+summary.csv, comparisons.csv, baseline.csv, runs.csv, curves.csv, results.parquet) and, when the
+search stage wrote one, `results/search/<name>/trials.csv`. Output: `out_dir/index.html` (figures
+embedded as data: URIs, CSS inline, a Content-Security-Policy that forbids every network load, so it
+opens from file:// anywhere), `out_dir/figures/*.png|svg`, and `out_dir/report.json` (the headline,
+for `render_index`).
+
+Deliberately no torch / transformers / training imports (a test checks sys.modules): a report must
+be re-renderable on any machine from the tables alone. Every label that came from a user (study
+name, question, run labels, errors) goes through jinja2 autoescaping.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from study import figures as F
+from study import references as R
+from study.aggregate import NOISE_WORDS
+from study.errors import StudyError
+from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+# --------------------------------------------------------------------------- loading
+def _read_csv(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame()
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
+@dataclass
+class StudyFiles:
+    """The aggregate of one study, as the report sees it."""
+
+    dir: Path
+    study: dict
+    summary: pd.DataFrame
+    comparisons: pd.DataFrame
+    baseline: pd.DataFrame
+    runs: pd.DataFrame
+    curves: pd.DataFrame
+    trials: pd.DataFrame | None = None
+    factor_keys: list[str] = field(default_factory=list)
+
+    @property
+    def plan(self) -> dict:
+        return self.study["plan"]
+
+
+def load_study_dir(study_dir: str | Path) -> StudyFiles:
+    study_dir = Path(study_dir)
+    if not (study_dir / "study.json").exists():
+        raise StudyError(f"no aggregate at {study_dir} (study.json missing); run `study aggregate` first",
+                         field="study_dir")
+    study = read_json(study_dir / "study.json")
+    keys = study.get("factor_keys") or sorted({k for r in study["plan"].get("runs", []) for k in r.get("factors", {})})
+    trials = None
+    tpath = study_dir.parent.parent / "search" / study["plan"]["name"] / "trials.csv"
+    if tpath.exists():
+        trials = _read_csv(tpath)
+    return StudyFiles(dir=study_dir, study=study, summary=_read_csv(study_dir / "summary.csv"),
+                      comparisons=_read_csv(study_dir / "comparisons.csv"),
+                      baseline=_read_csv(study_dir / "baseline.csv"), runs=_read_csv(study_dir / "runs.csv"),
+                      curves=_read_csv(study_dir / "curves.csv"), trials=trials, factor_keys=list(keys))
+
+
+# --------------------------------------------------------------------------- formatting
+def _finite(x: Any) -> bool:
+    # numbers.Real covers numpy scalars too (np.int64 is not an int).
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_value(x: Any, metric: str) -> str:
+    """Scores in percent (one decimal), perplexity/loss two decimals, counts with separators."""
+    if not _finite(x):
+        return "–"
+    if metric in F.BOUNDED:
+        return f"{100 * x:.1f}"
+    if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
+        return f"{x:,.0f}"
+    if metric == "wall_s":
+        return f"{x:,.1f}"
+    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def fmt_diff(x: Any, metric: str) -> str:
+    if not _finite(x):
+        return "–"
+    if metric in F.BOUNDED:
+        return f"{100 * x:+.1f} pp"
+    return f"{x:+,.0f}" if metric in ("params", "tokens_seen", "tokens_per_s") else f"{x:+.2f}"
+
+
+def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False) -> str:
+    if not (_finite(lo) and _finite(hi)):
+        return "no CI (n<2)"
+    f = (lambda v: fmt_diff(v, metric).replace(" pp", "")) if diff else (lambda v: fmt_value(v, metric))
+    return f"[{f(lo)}, {f(hi)}]"
+
+
+def _human(n: Any) -> str:
+    if not _finite(n):
+        return "unknown"
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+RUN_FIELDS = ("run_hash", "label", "seed", "status", "error", "step", "params", "tokens_seen", "tokens_per_s",
+              "wall_s", "device", "data_hash")
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    """Rows as dicts with NaN turned into None (the template prints None as a dash); every RUN_FIELDS
+    key present, so an aggregate written before a column existed still renders."""
+    return [{**dict.fromkeys(RUN_FIELDS), **{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                             for k, v in r.items()}} for r in df.to_dict("records")]
+
+
+def _verdict_words(interpretation: str) -> str:
+    s = str(interpretation or "")
+    if NOISE_WORDS in s:
+        return NOISE_WORDS
+    return re.sub(r"\s+at n=\d+ seeds$", "", s) or "no verdict"
+
+
+# --------------------------------------------------------------------------- content
+def answer_sentence(sf: StudyFiles) -> dict:
+    """The study's answer in ONE sentence with its CI, or why there is none yet."""
+    plan, ans = sf.plan, sf.study.get("answer")
+    task, mode, metric = F.parse_metric(plan.get("primary_metric"))
+    what = F.metric_label(task, mode, metric)
+    if ans and _finite(ans.get("diff")):
+        fac = (plan.get("compare") or {}).get("factor", "")
+        a, b = ans.get("a"), ans.get("b")
+        n = int(ans.get("n") or 0)
+        text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
+                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: "
+                f"{_verdict_words(ans.get('interpretation'))}")
+        if all(_finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
+            # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
+            text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
+        return {"text": text + ".", "kind": "paired"}
+    s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
+    if len(s) >= 1:
+        lower_better = metric in ("ref_ppl", "ref_mlm_loss") or metric.endswith("loss")
+        s = F.with_levels(s, sf.factor_keys, F.run_labels(plan, sf.factor_keys)).sort_values(
+            "mean", ascending=lower_better)
+        best, rest = s.iloc[0], s.iloc[1:]
+        head = (f"best {', '.join(sf.factor_keys) or 'run'} for {what}: {best['level']} "
+                f"({fmt_value(best['mean'], metric)}, 95% CI {fmt_ci(best['ci_low'], best['ci_high'], metric)}, "
+                f"n={int(best['n'])} seeds)")
+        if rest.empty:
+            return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
+        if not (_finite(best["ci_low"]) and _finite(best["ci_high"])):
+            return {"text": head + ": not enough seeds for a CI.", "kind": "levels"}
+        overl = [r["level"] for _, r in rest.iterrows() if _finite(r["ci_low"]) and
+                 not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
+        tail = (f": its CI overlaps {', '.join(map(str, overl))}, {NOISE_WORDS}" if overl
+                else ": its CI is clear of every other level's")
+        return {"text": head + tail + ".", "kind": "levels"}
+    total = len(sf.runs)
+    done = int((sf.runs["status"] == "done").sum()) if total else 0
+    bad = int(sf.runs["status"].isin(["failed", "diverged"]).sum()) if total else 0
+    return {"text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
+                    f"primary metric {plan.get('primary_metric')!r} has no values.", "kind": "none"}
+
+
+def _level_dicts(sf: StudyFiles) -> tuple[list[dict], pd.DataFrame]:
+    s = sf.summary
+    if s.empty or not sf.factor_keys:
+        return [], s
+    s = s[s["init"] == "pretrained"] if "init" in s else s
+    levels = s[sf.factor_keys].drop_duplicates().to_dict("records")
+    return levels, s
+
+
+def _level_index(sf: StudyFiles, levels: list[dict], value: Any) -> int | None:
+    """Which level a `compare` value names: a level of the single factor, or a run label."""
+    cmp = sf.plan.get("compare") or {}
+    fac = cmp.get("factor")
+    if value is None or fac is None:
+        return None
+    if fac == "label":
+        run = next((r for r in sf.plan.get("runs", []) if r["label"] == str(value)), None)
+        if run is None:
+            return None
+        want = {k: run.get("factors", {}).get(k) for k in sf.factor_keys}
+    elif sf.factor_keys == [fac]:
+        want = {fac: value}
+    else:
+        return None
+    for idx, lv in enumerate(levels):
+        if all(F._canon(lv.get(k)) == F._canon(v) for k, v in want.items()):
+            return idx
+    return None
+
+
+def _ours_by_level(sf: StudyFiles, levels: list[dict], s: pd.DataFrame) -> dict:
+    ours: dict = {}
+    for i, lv in enumerate(levels):
+        m = pd.Series(True, index=s.index)
+        for k, v in lv.items():
+            m &= (s[k].isna() if pd.isna(v) else s[k] == v)
+        for r in s[m].itertuples(index=False):
+            ours[(i, r.task, r.mode, r.metric)] = {"mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
+    cmp = sf.plan.get("compare") or {}
+    pairs = None
+    i, j = _level_index(sf, levels, cmp.get("a")), _level_index(sf, levels, cmp.get("b"))
+    if cmp and i is not None and j is not None and not sf.comparisons.empty:
+        pairs = [(i, j)]
+        for r in sf.comparisons.itertuples(index=False):
+            noise = None if not (_finite(r.ci_low) and _finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
+            ours[("diff", i, j, r.task, r.mode, r.metric)] = {
+                "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
+                "basis": "paired by seed: bootstrap CI and t-test"}
+    return {"ours": ours, "pairs": pairs}
+
+
+def our_scale(sf: StudyFiles) -> dict:
+    """What we trained: parameters, tokens seen, corpus, model shapes (from the aggregate only).
+
+    Ranges when they vary across runs (a depth study); ratios against a paper use our LARGEST run,
+    so "they used N× our parameters" is never overstated.
+    """
+    runs, configs = sf.runs, sf.study.get("configs") or {}
+    col = lambda c: runs[c].dropna() if c in runs and runs[c].notna().any() else pd.Series(dtype=float)  # noqa: E731
+    params, tokens = col("params"), col("tokens_seen")
+    corpus, shapes = "unknown (no run config in the aggregate)", []
+    for c in configs.values():
+        srcs = (c.get("corpus") or {}).get("sources") or []
+        corpus = " + ".join(s.get("kind", "?") + (f":{Path(s['path']).name}" if s.get("path") else "")
+                            + (f":{s['name']}" if s.get("name") else "") for s in srcs) or corpus
+        m = c.get("model") or {}
+        shape = f"L={m.get('layers')} H={m.get('hidden')} A={m.get('heads')}"
+        if m and shape not in shapes:
+            shapes.append(shape)
+        t, o = c.get("train") or {}, c.get("objective") or {}
+        if tokens.empty and t.get("budget") == "steps" and o.get("max_seq_len"):
+            tokens = pd.Series([t["amount"] * t["batch_size"] * o["max_seq_len"]], dtype=float)
+
+    def rng(x: pd.Series) -> str:
+        if x.empty:
+            return "unknown"
+        lo, hi = x.min(), x.max()
+        return _human(hi) if math.isclose(lo, hi, rel_tol=0.01) else f"{_human(lo)}–{_human(hi)}"
+    return {"params": params.max() if len(params) else None, "tokens": tokens.max() if len(tokens) else None,
+            "params_s": rng(params), "tokens_s": rng(tokens), "corpus": corpus,
+            "model": "; ".join(shapes) if shapes else "shape unknown"}
+
+
+def scale_statement(ours: dict, ref: R.Reference) -> str:
+    sc = ref.scale
+    parts = [f"Ours: {ours['params_s']} parameters ({ours['model']}), {ours['tokens_s']} training "
+             f"tokens, corpus {ours['corpus']}. Theirs: {_human(sc.params)} parameters ({sc.model}), "
+             f"{_human(sc.train_tokens)} training tokens, {sc.corpus}."]
+    if _finite(ours["params"]) and sc.params:
+        parts.append(f"They used {sc.params / ours['params']:,.0f}× the parameters of our largest run")
+        if _finite(ours["tokens"]) and sc.train_tokens:
+            parts[-1] += f" and {sc.train_tokens / ours['tokens']:,.0f}× its training tokens"
+        parts[-1] += "; a direction that agrees is weak support, one that disagrees may be a scale effect."
+    if not sc.verified:
+        parts.append(f"(Their scale is partly unverified: {sc.provenance}.)")
+    return " ".join(parts)
+
+
+def reference_sections(sf: StudyFiles) -> list[dict]:
+    plan = sf.plan
+    refs = R.for_study(plan.get("kind", "generic"), plan.get("references"))
+    levels, s = _level_dicts(sf)
+    od = _ours_by_level(sf, levels, s) if levels else {"ours": {}, "pairs": None}
+    ours_sc = our_scale(sf)
+    out = []
+    for ref in refs:
+        cmp = R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"]) if levels else \
+            {"rows": [], "confounders": [], "matched": {}, "note": "no finished runs to compare with", "trend": None}
+        rows, unmeasured = [], []
+        for r in cmp["rows"]:
+            o = r["ours"]
+            if o is None:  # listed in one line instead of a table row per column
+                what = f"{r['column']} ({r['task']} {r['metric']})"
+                if what not in unmeasured:
+                    unmeasured.append(what)
+                continue
+            rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
+                         "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
+                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True)
+                                       if o and o.get("ci_low") is not None else (o or {}).get("basis", "")),
+                         "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh")})
+        v = ref.verification.verified
+        out.append({"ref": ref, "citation": ref.citation, "scale": scale_statement(ours_sc, ref), "rows": rows,
+                    "unmeasured": unmeasured, "trend": cmp.get("trend"),
+                    "verified": {True: "verified", False: "NOT verified", "partial": "partly verified"}[v],
+                    "note": cmp["note"], "confounders": cmp["confounders"],
+                    "matched": {F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
+                                for i, lab in cmp["matched"].items()},
+                    "table_cols": [c.name for c in ref.columns],
+                    "table_rows": [{"label": r.label, "verified": r.verified,
+                                    "cells": [("–" if r.values.get(c.name) is None else str(r.values[c.name]))
+                                              for c in ref.columns]} for r in ref.rows]})
+    return out
+
+
+def _summary_rows(sf: StudyFiles) -> list[dict]:
+    s = sf.summary
+    if s.empty:
+        return []
+    s = F.with_levels(s[s["init"] == "pretrained"] if "init" in s else s, sf.factor_keys,
+                      F.run_labels(sf.plan, sf.factor_keys))
+    task, mode, metric = F.parse_metric(sf.plan.get("primary_metric"))
+    s = s.assign(is_other=~((s["task"] == task) & (s["mode"] == mode) & (s["metric"] == metric)),
+                 is_cost=s["metric"].isin(F.COST))
+    s = s.sort_values(["is_other", "is_cost", "task", "mode", "metric", "level"])
+    return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric, "primary": not r.is_other,
+             "mean": fmt_value(r.mean, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
+             "std": fmt_value(r.std, r.metric) if r.metric not in F.BOUNDED else
+             (f"{100 * r.std:.1f}" if _finite(r.std) else "–"), "n": int(r.n)} for r in s.itertuples()]
+
+
+def _comparison_rows(sf: StudyFiles) -> list[dict]:
+    c = sf.comparisons
+    if c.empty:
+        return []
+    # Downstream first, then pre-training quality, then cost (speed, size) which is rarely the question.
+    c = c.assign(order=[2 if m in F.COST else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])])
+    c = c.sort_values(["order", "task", "mode", "metric"], kind="stable")
+    return [{"task": r.task, "mode": r.mode, "metric": r.metric, "a": r.a, "b": r.b,
+             "mean_a": fmt_value(r.mean_a, r.metric), "mean_b": fmt_value(r.mean_b, r.metric),
+             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True),
+             "n": int(r.n), "p": f"{r.p_value:.3f}" if _finite(r.p_value) else "–",
+             "interpretation": r.interpretation} for r in c.itertuples()]
+
+
+def _baseline_rows(sf: StudyFiles) -> list[dict]:
+    b = sf.baseline
+    if b.empty:
+        return []
+    keys = [k for k in sf.factor_keys if k in b]
+    b = F.with_levels(b, keys, F.run_labels(sf.plan, keys))
+    return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric,
+             "pre": fmt_value(r.mean_pretrained, r.metric), "rnd": fmt_value(r.mean_random, r.metric),
+             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True),
+             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "interpretation": r.interpretation}
+            for r in b.itertuples()]
+
+
+def _problem_runs(sf: StudyFiles) -> dict:
+    r = sf.runs
+    if r.empty:
+        return {"bad": [], "pending": []}
+    rec = _records(r)
+    return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
+            "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")]}
+
+
+def _provenance(sf: StudyFiles) -> dict:
+    prov = sf.study.get("provenance") or {}
+    commits, hardware, packages = {}, {}, {}
+    for h, p in prov.items():
+        pv = p.get("provenance") or {}
+        g = pv.get("git") or {}
+        key = f"{g.get('commit') or 'unknown'}{' (dirty)' if g.get('dirty') else ''}"
+        commits.setdefault(key, []).append(h)
+        hw = pv.get("hardware") or {}
+        hkey = ", ".join(f"{k}={v}" for k, v in hw.items() if v is not None) or f"device={p.get('device')}"
+        hardware.setdefault(hkey, []).append(h)
+        for name, ver in (pv.get("packages") or {}).items():
+            packages.setdefault(name, set()).add(str(ver))
+    runs = _records(sf.runs) if not sf.runs.empty else []
+    try:  # what rendered this report (no torch: git only)
+        from study.provenance import git_info
+        rendered = git_info()
+    except Exception:  # noqa: BLE001 - provenance of the renderer is nice to have, not required
+        rendered = {}
+    return {"commits": commits, "hardware": hardware,
+            "packages": {k: ", ".join(sorted(v)) for k, v in sorted(packages.items())},
+            "mixed_packages": sorted(k for k, v in packages.items() if len(v) > 1), "runs": runs,
+            "ci_method": sf.study.get("ci_method"), "test": sf.study.get("test"), "rendered": rendered,
+            "spec": sf.plan.get("spec"), "profile": sf.plan.get("profile"),
+            "finetune_hash": sf.plan.get("finetune_hash")}
+
+
+def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> dict | None:
+    """Counts and the best trial of an optuna trials table (number, state, value, params_*...).
+
+    `optuna.Study.trials_dataframe()` fits as is; `direction` is the study's (minimize/maximize).
+    """
+    if trials is None or trials.empty:
+        return None
+    state = trials["state"].astype(str).str.upper() if "state" in trials else pd.Series("COMPLETE", index=trials.index)
+    counts = state.value_counts().to_dict()
+    done = trials[state.str.contains("COMPLETE") & trials["value"].notna()] if "value" in trials else trials.iloc[:0]
+    best = None
+    if not done.empty:
+        b = done.loc[done["value"].idxmin() if direction == "minimize" else done["value"].idxmax()]
+        best = {"number": int(b["number"]) if "number" in b and _finite(b["number"]) else None,
+                "value": f"{b['value']:.4g}",
+                "params": {k.removeprefix("params_"): v for k, v in b.items() if str(k).startswith("params_")}}
+    return {"n": len(trials), "counts": counts, "best": best}
+
+
+# --------------------------------------------------------------------------- rendering
+def _env() -> jinja2.Environment:
+    # autoescape=True for every template: study names, questions, labels and errors are user text.
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def _data_uri(png: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.DataFrame | None = None,
+                  search_direction: str = "minimize") -> Path:
+    """Write out_dir/index.html (self-contained), out_dir/figures/*.png|svg and out_dir/report.json.
+
+    `search_trials` (an optuna trials table: number, state, value, params_*, tokens or
+    user_attrs_tokens) adds a search section and figure; without it, results/search/<name>/trials.csv
+    is used when present.
+    """
+    if search_direction not in ("minimize", "maximize"):
+        raise StudyError(f"got {search_direction!r}", field="search_direction", allowed="minimize, maximize")
+    sf = load_study_dir(study_dir)
+    if search_trials is not None:
+        sf.trials = search_trials
+    out_dir = Path(out_dir)
+    sections = reference_sections(sf)  # raises StudyError for an unknown reference before writing
+    with atomic_dir(out_dir / "figures") as tmp:
+        files = F.make_figures(sf.plan, sf.factor_keys, sf.summary, sf.comparisons, sf.curves, tmp,
+                               runs=sf.runs, trials=sf.trials, direction=search_direction)
+        figs = [{"name": f.name, "title": f.title, "caption": f.caption, "skipped": f.skipped,
+                 "src": _data_uri(f.png) if f.png else None,
+                 "files": [p.name for p in (f.png, f.svg) if p]} for f in files]
+    answer = answer_sentence(sf)
+    plan = sf.plan
+    html = _env().get_template("report.html").render(
+        csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
+        answer=answer, factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
+        baseline=_baseline_rows(sf), figures=figs, references=sections, problems=_problem_runs(sf),
+        provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
+        n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
+        generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    atomic_write_text(out_dir / "index.html", html)
+    atomic_write_json(out_dir / "report.json", {"name": plan["name"], "question": plan.get("question"),
+                                                "answer": answer["text"], "kind": plan.get("kind"),
+                                                "runs": len(sf.runs), "figures": [f["name"] for f in figs
+                                                                                  if f["src"]]})
+    return out_dir / "index.html"
+
+
+def render_index(reports_root: str | Path) -> Path:
+    """reports/index.html: one line per study report found under reports_root (via its report.json)."""
+    root = Path(reports_root)
+    entries = []
+    for rj in sorted(root.glob("*/report.json")):
+        try:
+            meta = json.loads(rj.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (rj.parent / "index.html").exists():
+            entries.append({**meta, "href": f"{rj.parent.name}/index.html"})
+    html = _env().get_template("index.html").render(csp=CSP, entries=entries)
+    atomic_write_text(root / "index.html", html)
+    return root / "index.html"

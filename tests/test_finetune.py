@@ -1,0 +1,286 @@
+"""Fine-tuning, probe and random baseline end to end on a tiny model and tiny GLUE-format fixtures.
+
+The fixture task is easy on purpose (the label is carried by one sentiment word), so a fine-tune that
+does not actually train fails the accuracy check; STS-B exercises the regression path, QNLI (dev only,
+as in ../shared/data/glue) the skipped-task record.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from study import finetune as ft_mod
+from study.config import RunConfig
+from study.errors import StudyError
+from study.finetune import baseline_key, finetune_baseline, finetune_run, result_path
+from study.model import build_model
+from study.paths import Layout
+from study.tokenizer import train_tokenizer
+
+POS = ["good", "great", "lovely", "superb", "fine", "wonderful"]
+NEG = ["bad", "awful", "poor", "dull", "terrible", "boring"]
+FILL = ["the", "movie", "film", "was", "plot", "a", "story", "actors", "really", "quite", "it", "is", "and",
+        "with", "of", "this", "that", "scenes", "music", "ending"]
+KEYS = {"run_key", "task", "mode", "init", "seed", "metrics", "primary_metric", "primary", "n_train", "n_eval",
+        "finetune_hash", "provenance"}
+
+
+def sentence(rng, label: int) -> str:
+    words = list(rng.choice(FILL, size=rng.integers(4, 9)))
+    words.insert(int(rng.integers(0, len(words) + 1)), str(rng.choice(POS if label else NEG)))
+    return " ".join(words)
+
+
+def make_glue(root, n_train=300, n_dev=100, seed=0):
+    rng = np.random.default_rng(seed)
+    (root / "SST-2").mkdir(parents=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        labels = rng.integers(0, 2, n)
+        rows = "".join(f"{sentence(rng, int(y))} \t{y}\n" for y in labels)
+        (root / "SST-2" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+    (root / "STS-B").mkdir()
+    cols = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    for split, n in (("train", 120), ("dev", 60)):
+        rows = []
+        for i in range(n):
+            a, b = set(rng.choice(FILL, 5)), set(rng.choice(FILL, 5))
+            score = 5 * len(a & b) / len(a | b)
+            rows.append(f"{i}\tg\tf\t2012\t{i}\tnone\tnone\t{' '.join(a)}\t{' '.join(b)}\t{score:.3f}\n")
+        (root / "STS-B" / f"{split}.tsv").write_text(cols + "".join(rows))
+    (root / "QNLI").mkdir()   # dev only, like the real shared copy
+    (root / "QNLI" / "dev.tsv").write_text("index\tquestion\tsentence\tlabel\n0\twhat ?\tit .\tentailment\n")
+    return root
+
+
+def make_cfg(glue, **finetune) -> RunConfig:
+    ft = dict(tasks=["SST-2", "STS-B", "QNLI"], glue_dir=str(glue), seeds=[0, 1], epochs=8, lr=2e-3,
+              batch_size=16, max_length=32, max_train_examples=240, max_eval_examples=80, probe=True,
+              probe_layers=1)
+    ft.update(finetune)
+    return RunConfig.model_validate({
+        "tokenizer": {"vocab_size": 128, "min_frequency": 1},
+        "objective": {"max_seq_len": 32},
+        "model": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64},
+        "finetune": ft, "impl": {"device": "cpu", "progress": False}})
+
+
+def write_model(cfg: RunConfig, layout: Layout, vocab_extra: int = 0):
+    """What the pre-training stage leaves behind: model/ with save_pretrained weights + tokenizer."""
+    model_dir = layout.run_dir(cfg.run_hash()) / "model"
+    rng = np.random.default_rng(1)
+    docs = [[sentence(rng, i % 2) for i in range(20)] for _ in range(10)]
+    tok = train_tokenizer(docs, cfg.tokenizer, model_dir)
+    model = build_model(cfg.model, len(tok) + vocab_extra, sentence_head=True, impl=cfg.impl, seed=cfg.seed)
+    model.save_pretrained(str(model_dir))
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """One full finetune_run (3 tasks x 2 seeds x finetune+probe), shared by the checks below."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("ft")
+    glue = make_glue(root / "glue")
+    cfg = make_cfg(glue)
+    layout = Layout(root=root / "results")
+    write_model(cfg, layout)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    results = finetune_run(cfg, layout, quiet=True)
+    return {"cfg": cfg, "layout": layout, "results": results, "glue": glue, "root": root,
+            "rng_untouched": torch.equal(before, torch.get_rng_state())}
+
+
+def test_result_files_follow_the_contract(done):
+    cfg, layout, results = done["cfg"], done["layout"], done["results"]
+    fh = cfg.finetune_hash()
+    assert len(results) == 3 * 2 * 2
+    for task in ("SST-2", "STS-B"):
+        for mode in ("finetune", "probe"):
+            for seed in (0, 1):
+                path = result_path(layout, cfg.run_hash(), task, fh, mode, seed)
+                assert path == layout.finetune_dir(cfg.run_hash()) / task / fh / f"{mode}-seed{seed}.json"
+                res = json.loads(path.read_text())
+                assert KEYS <= set(res)
+                assert (res["run_key"], res["task"], res["mode"], res["init"], res["seed"]) == \
+                       (cfg.run_hash(), task, mode, "pretrained", seed)
+                assert res["primary"] == res["metrics"][res["primary_metric"]]
+                assert res["finetune_hash"] == fh and res["provenance"]["packages"]["torch"]
+                assert all(np.isfinite(v) for v in res["metrics"].values())
+                assert res in results
+    sst = json.loads(result_path(layout, cfg.run_hash(), "SST-2", fh, "finetune", 0).read_text())
+    assert (sst["n_train"], sst["n_eval"], sst["primary_metric"]) == (240, 80, "accuracy")
+    sts = json.loads(result_path(layout, cfg.run_hash(), "STS-B", fh, "finetune", 0).read_text())
+    assert (sts["n_train"], sts["n_eval"], sts["primary_metric"]) == (120, 60, "spearman")
+    assert set(sts["metrics"]) == {"pearson", "spearman"}
+
+
+def test_finetune_learns_and_probe_works(done):
+    cfg, layout = done["cfg"], done["layout"]
+    fh = cfg.finetune_hash()
+    for seed in (0, 1):
+        res = json.loads(result_path(layout, cfg.run_hash(), "SST-2", fh, "finetune", seed).read_text())
+        # one word decides the label: a fine-tune that trains gets it; chance is 0.5
+        assert res["metrics"]["accuracy"] >= 0.85, res["metrics"]
+        assert res["steps"] == 8 * 15 and res["train_loss"] < 0.3
+    probes = [json.loads(result_path(layout, cfg.run_hash(), "SST-2", fh, "probe", s).read_text()) for s in (0, 1)]
+    assert probes[0]["metrics"] == probes[1]["metrics"]      # frozen encoder: deterministic, fitted once
+    assert probes[0]["features"] == 32 and probes[0]["metrics"]["accuracy"] > 0.5
+    seeds = [json.loads(result_path(layout, cfg.run_hash(), "SST-2", fh, "finetune", s).read_text())
+             for s in (0, 1)]
+    assert seeds[0]["train_loss"] != seeds[1]["train_loss"]  # the seed matters ...
+    assert done["rng_untouched"]                              # ... without touching the caller's RNG
+
+
+def test_task_without_train_split_is_recorded(done):
+    cfg, layout = done["cfg"], done["layout"]
+    for mode in ("finetune", "probe"):
+        for seed in (0, 1):
+            res = json.loads(result_path(layout, cfg.run_hash(), "QNLI", cfg.finetune_hash(), mode, seed).read_text())
+            assert res["run_key"] == cfg.run_hash() and res["task"] == "QNLI"
+            assert "no train split" in res["skipped"] and "QNLI/train.tsv" in res["skipped"]
+
+
+def test_existing_results_are_not_recomputed(done, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("recomputed an existing result")
+    monkeypatch.setattr(ft_mod, "_finetune_one", boom)
+    monkeypatch.setattr(ft_mod, "_probe", boom)
+    again = finetune_run(done["cfg"], done["layout"], quiet=True)
+    assert again == done["results"]
+    # a missing file is recomputed, and only that one
+    cfg, layout = done["cfg"], done["layout"]
+    path = result_path(layout, cfg.run_hash(), "SST-2", cfg.finetune_hash(), "finetune", 1)
+    old = json.loads(path.read_text())
+    path.unlink()
+    monkeypatch.setattr(ft_mod, "_finetune_one", lambda *a, **k: {"metrics": {"accuracy": 0.25}, "steps": 0})
+    res = finetune_run(cfg, layout, quiet=True)
+    assert json.loads(path.read_text())["primary"] == 0.25 and sum(r.get("primary") == 0.25 for r in res) == 1
+    path.write_text(json.dumps(old))  # restore for the other tests
+
+
+def test_same_seed_same_result(done, tmp_path):
+    """A fresh results folder, same checkpoint and seed -> the same numbers (tokenization cache cold)."""
+    cfg = make_cfg(done["glue"], tasks=["SST-2"], seeds=[0], probe=False)
+    assert cfg.finetune_hash() != done["cfg"].finetune_hash()
+    layout = Layout(root=tmp_path / "results")
+    src = done["layout"].run_dir(cfg.run_hash()) / "model"
+    shutil.copytree(src, layout.run_dir(cfg.run_hash()) / "model")
+    a = finetune_run(cfg, layout, quiet=True)[0]
+    ref = json.loads(result_path(done["layout"], cfg.run_hash(), "SST-2", done["cfg"].finetune_hash(),
+                                 "finetune", 0).read_text())
+    assert a["metrics"] == ref["metrics"] and a["train_loss"] == ref["train_loss"]
+    cached = list((layout.root / ".cache" / "finetune").glob("SST-2-train-*.npz"))
+    assert len(cached) == 1
+    # the cache round trip gives back exactly what the tokenizer gives
+    from study.tasks import load_task
+    from study.tokenizer import load_tokenizer
+    tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
+    enc = ft_mod._Encoder(tok, None, "test")
+    data = ft_mod._cap(load_task("SST-2", done["glue"], "train"), 240)
+    e = ft_mod._encode(enc, data, 32, layout, str(done["glue"]))
+    fresh = tok(data.text_a, truncation=True, max_length=32)["input_ids"]
+    assert [x.tolist() for x in e.ids] == fresh and len(cached) == 1
+
+
+def test_random_baseline(done):
+    cfg, layout = done["cfg"], done["layout"]
+    small = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"tasks": ["SST-2"], "seeds": [0]})})
+    res = finetune_baseline(small, layout, quiet=True)
+    key = baseline_key(cfg)
+    assert key.startswith("random-") and [r["init"] for r in res] == ["random", "random"]
+    assert {r["mode"] for r in res} == {"finetune", "probe"} and all(r["run_key"] == key for r in res)
+    assert result_path(layout, key, "SST-2", small.finetune_hash(), "finetune", 0).is_file()
+    assert res[0]["encoder"].startswith("random init (seed 0)")
+    # The fixture's "pre-trained" checkpoint is an untrained build_model(seed=cfg.seed), i.e. exactly
+    # what the baseline draws: same architecture, same recipe -> the very same numbers. This pins the
+    # save/load path and the baseline to one model definition (a different init would not match).
+    ref = json.loads(result_path(layout, cfg.run_hash(), "SST-2", cfg.finetune_hash(), "finetune", 0).read_text())
+    assert small.finetune_hash() == cfg.finetune_hash()
+    assert res[0]["metrics"] == ref["metrics"] and res[0]["train_loss"] == ref["train_loss"]
+    other = small.model_copy(update={"seed": 1})
+    # its tokenizer from a checkpoint folder too (otherwise the data stage would build the default corpus)
+    shutil.copytree(layout.run_dir(cfg.run_hash()) / "model", layout.run_dir(other.run_hash()) / "model")
+    assert finetune_baseline(other, layout, quiet=True)[0]["train_loss"] != ref["train_loss"]
+
+
+def test_baseline_without_checkpoint_uses_the_data_stage_tokenizer(tmp_path):
+    """No pre-training run yet: the tokenizer comes from study.data.prepare_data (same data_hash)."""
+    rng = np.random.default_rng(3)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(sentence(rng, i % 2) + " ." for i in range(8)) for _ in range(30)))
+    glue = make_glue(tmp_path / "glue", n_train=40, n_dev=20)
+    cfg = make_cfg(glue, tasks=["SST-2"], seeds=[0], epochs=1, probe=False)
+    cfg = RunConfig.model_validate({**cfg.model_dump(), "corpus": {"sources": [f"text:{corpus}"]}})
+    layout = Layout(root=tmp_path / "results")
+    res = finetune_baseline(cfg, layout, quiet=True)
+    assert res[0]["init"] == "random" and str(layout.data_dir(cfg.data_hash())) in res[0]["encoder"]
+    assert not layout.run_dir(cfg.run_hash()).exists()
+
+
+def test_baseline_key_depends_on_architecture_vocab_and_seed_only(done):
+    cfg = done["cfg"]
+
+    def with_(**sections):
+        d = cfg.model_dump()
+        for dotted, v in sections.items():
+            sec, _, key = dotted.partition("__")
+            if key:
+                d[sec][key] = v
+            else:
+                d[sec] = v
+        return RunConfig.model_validate(d)
+    k = baseline_key(cfg)
+    assert baseline_key(with_(objective__sentence="none", objective__format="doc_sentences")) == k
+    assert baseline_key(with_(train__lr=1e-4, masking__unit="whole_word", finetune__lr=1e-5)) == k
+    assert baseline_key(with_(model__hidden=64)) != k
+    assert baseline_key(with_(tokenizer__vocab_size=256)) != k
+    assert baseline_key(with_(seed=1)) != k
+
+
+def test_tokenizer_vocab_mismatch_is_a_user_error(tmp_path):
+    glue = make_glue(tmp_path / "glue", n_train=20, n_dev=10)
+    cfg = make_cfg(glue)
+    layout = Layout(root=tmp_path / "results")
+    write_model(cfg, layout, vocab_extra=7)
+    with pytest.raises(StudyError, match="tokenizer has .* tokens but the model's embedding has") as e:
+        finetune_run(cfg, layout, quiet=True)
+    assert e.value.field == "tokenizer.vocab_size"
+    assert not layout.finetune_dir(cfg.run_hash()).exists()
+
+
+def test_user_errors_before_anything_is_written(tmp_path):
+    glue = make_glue(tmp_path / "glue", n_train=20, n_dev=10)
+    layout = Layout(root=tmp_path / "results")
+    cases = [
+        (dict(tasks=["SST-2", "SST-2"]), "finetune.tasks", "duplicate task"),
+        (dict(glue_dir=str(tmp_path / "nope")), "finetune.glue_dir", "does not exist"),
+        (dict(probe_layers=2), "finetune.probe_layers", "has 1 layers"),
+        (dict(max_length=128), "finetune.max_length", "exceeds model.max_positions"),
+    ]
+    for kw, field, msg in cases:
+        with pytest.raises(StudyError, match=msg) as e:
+            finetune_run(make_cfg(glue, **kw), layout, quiet=True)
+        assert e.value.field == field
+    with pytest.raises(StudyError, match="no pre-trained model"):
+        finetune_run(make_cfg(glue), layout, quiet=True)
+    assert not (layout.root / "finetune").exists()
+
+
+def test_bad_tsv_names_file_and_row(tmp_path):
+    glue = make_glue(tmp_path / "glue", n_train=20, n_dev=10)
+    bad = glue / "SST-2" / "train.tsv"
+    lines = bad.read_text().splitlines()
+    lines[7] = lines[7].replace("\t1", "\t7").replace("\t0", "\t7")
+    bad.write_text("\n".join(lines) + "\n")
+    cfg = make_cfg(glue, tasks=["STS-B", "SST-2"])   # the good task first: it must not be run either
+    layout = Layout(root=tmp_path / "results")
+    write_model(cfg, layout)
+    with pytest.raises(StudyError, match="label '7'") as e:
+        finetune_run(cfg, layout, quiet=True)
+    assert f"{bad}:8" in str(e.value)
+    assert not list(layout.finetune_dir(cfg.run_hash()).rglob("*.json"))

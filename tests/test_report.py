@@ -1,0 +1,395 @@
+"""The HTML report: rendered from fixture aggregates, checked as text and in headless Chromium.
+
+What each test proves is in its docstring. Fixtures (tests/report_fixtures.py) plant known effects
+in fake run folders and go through the real `aggregate_study`, so the report is tested on exactly
+the files it will meet in a real study.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report_fixtures as rf  # noqa: E402
+
+from study import references as R  # noqa: E402
+from study.errors import StudyError  # noqa: E402
+from study.report import load_study_dir, render_index, render_report, search_summary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ("nsp", "mask_rate", "depth", "replacement")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+_CACHE: dict = {}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """Build + aggregate + render each fixture study once per module (tests only read the results)."""
+    def get(kind: str, **kw) -> tuple[Path, str, Path]:
+        key = (kind, tuple(sorted(kw.items())))
+        if key not in _CACHE:
+            root = tmp_path_factory.mktemp(f"{kind}-study")
+            layout, plan, study_dir = rf.build(root, kind, **kw)
+            out = render_report(study_dir, layout.report_dir(plan["name"]))
+            _CACHE[key] = (out, out.read_text(encoding="utf-8"), study_dir)
+        return _CACHE[key]
+    return get
+
+
+# --------------------------------------------------------------------------- paper references
+def test_every_reference_file_has_schema_and_provenance():
+    """Each paper table loads through the strict schema and names paper, arXiv id, table, scale, verification."""
+    ids = R.available()
+    assert {"bert_table5", "bert_table6", "bert_table8", "roberta_table1", "roberta_table2",
+            "albert_table5", "wettig_masking"} <= set(ids)
+    for i in ids:
+        raw = yaml.safe_load((R.REFERENCE_DIR / f"{i}.yaml").read_text())
+        for key in ("paper", "arxiv", "table", "caption", "columns_mean", "scale", "verification", "rows"):
+            assert raw.get(key) not in (None, ""), (i, key)
+        ref = R.load_reference(i)
+        assert ref.scale.provenance and ref.verification.how
+        assert all(isinstance(r.verified, bool) for r in ref.rows)
+        assert all(v is None or 0 < v < 1000 for r in ref.rows for v in r.values.values())
+
+
+def test_reference_numbers_that_were_checked():
+    """Spot values checked against the papers, including the one the issue recalled wrongly (ALBERT NSP RACE)."""
+    t5 = {r.label: r.values for r in R.load_reference("bert_table5").rows}
+    assert t5["No NSP"]["QNLI"] == 84.9 and t5["BERT-base"]["SQuAD v1.1 F1"] == 88.5
+    t6 = {r.label: r.values for r in R.load_reference("bert_table6").rows}
+    assert t6["L=3 H=768 A=12"]["LM (ppl)"] == 5.84
+    t8 = {r.label: r.values for r in R.load_reference("bert_table8").rows}
+    assert t8["0/0/100"] == {"MNLI fine-tune": 83.6, "NER fine-tune": 94.9, "NER feature-based": 94.6}
+    albert = {r.label: r.values for r in R.load_reference("albert_table5").rows}
+    assert albert["NSP"]["RACE"] == 62.3 and albert["None"]["RACE"] == 61.7
+    wet = R.load_reference("wettig_masking")
+    assert wet.verification.verified == "partial" and wet.scale.verified is False
+
+
+def test_bad_reference_file_and_unknown_id_raise_study_error(tmp_path):
+    """A malformed table names the offending field; an unknown id in a spec lists the allowed ids."""
+    bad = yaml.safe_load((R.REFERENCE_DIR / "bert_table5.yaml").read_text())
+    bad["rows"][0]["values"]["NotAColumn"] = 1.0
+    (tmp_path / "bert_table5.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(StudyError, match="unknown columns"):
+        R.load_reference("bert_table5", directory=tmp_path)
+    del bad["arxiv"]
+    (tmp_path / "bert_table5.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(StudyError) as e:
+        R.load_reference("bert_table5", directory=tmp_path)
+    assert e.value.field == "arxiv"
+    with pytest.raises(StudyError) as e:
+        R.for_study("nsp", ["bert_table55"])
+    assert e.value.field == "report.references" and "bert_table5" in e.value.allowed
+
+
+def test_level_matching_and_direction_verdicts():
+    """Rows are matched on our factor keys (one signature when possible, confounders named otherwise),
+    and the verdict separates agree / disagree / within noise / not measured."""
+    t6 = R.load_reference("bert_table6")
+    levels = [{"model.layers": 3}, {"model.layers": 6}, {"model.layers": 12}]
+    matched, conf = R.match_levels(t6, levels)
+    assert [matched[i].label for i in range(3)] == ["L=3 H=768 A=12", "L=6 H=768 A=12", "L=12 H=768 A=12 (BERT-base)"]
+    assert conf == []
+    _, conf = R.match_levels(R.load_reference("roberta_table2"), [{"objective.sentence": "nsp"},
+                                                                   {"objective.sentence": "none"}])
+    assert conf == ["objective.format"]
+    t5 = R.load_reference("bert_table5")
+    lv = [{"objective.sentence": "nsp"}, {"objective.sentence": "none"}]
+    key = ("diff", 0, 1, "SST-2", "finetune", "accuracy")
+    mk = lambda d, noise: {key: {"diff": d, "ci_low": d - 0.01, "ci_high": d + 0.01, "noise": noise}}  # noqa: E731
+    verdict = lambda ours: {r["column"]: r["verdict"] for r in R.paper_vs_ours(t5, lv, ours, pairs=[(0, 1)])["rows"]}  # noqa: E731
+    assert verdict(mk(-0.02, False))["SST-2"] == "agrees"          # paper: No NSP 92.6 < 92.7
+    assert verdict(mk(+0.02, False))["SST-2"] == "disagrees"
+    assert verdict(mk(-0.02, True))["SST-2"].startswith("ours is within seed noise (point estimate agrees")
+    assert verdict(mk(-0.02, False))["QNLI"] == "not measured here"
+    # Unpaired levels: overlapping CIs are noise, separated CIs give a direction.
+    ours = {(0, "pretrain", "pretrain", "ref_ppl"): {"mean": 6.0, "ci_low": 5.9, "ci_high": 6.1},
+            (2, "pretrain", "pretrain", "ref_ppl"): {"mean": 4.0, "ci_low": 3.9, "ci_high": 4.1}}
+    rows = R.paper_vs_ours(t6, levels, ours)["rows"]
+    assert {r["verdict"] for r in rows if r["column"] == "LM (ppl)" and r["b"] == "model.layers=12"} == {"agrees"}
+
+
+def test_trend_when_levels_are_not_in_the_table():
+    """Layers 1/2/4 are not BERT Table 6 rows: the lowest-to-highest trend is compared instead, within one
+    signature (H=768, A=12), and labelled as a trend."""
+    t6 = R.load_reference("bert_table6")
+    levels = [{"model.layers": 1}, {"model.layers": 4}, {"model.layers": 2}]
+    ours = {(0, "pretrain", "pretrain", "ref_ppl"): {"mean": 9.0, "ci_low": 8.8, "ci_high": 9.2},
+            (1, "pretrain", "pretrain", "ref_ppl"): {"mean": 9.5, "ci_low": 9.3, "ci_high": 9.7}}
+    out = R.paper_vs_ours(t6, levels, ours)
+    assert out["trend"] and "1 → 4" in out["trend"] and "L=12 H=768 A=12" in out["trend"]
+    row = next(r for r in out["rows"] if r["column"] == "LM (ppl)")
+    assert row["paper_diff"] == pytest.approx(3.99 - 5.84) and row["verdict"] == "disagrees"
+    assert R.trend_pair(t6, [{"model.layers": 2}, {"model.layers": 2}]) is None
+
+
+def test_unknown_reference_in_plan_fails_before_writing(tmp_path):
+    layout, plan, study_dir = rf.build(tmp_path, "nsp", seeds=(0,), failures=False)
+    st = json.loads((study_dir / "study.json").read_text())
+    st["plan"]["references"] = ["bert_tabel5"]
+    (study_dir / "study.json").write_text(json.dumps(st))
+    with pytest.raises(StudyError) as e:
+        render_report(study_dir, tmp_path / "out")
+    assert e.value.field == "report.references" and not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- rendering
+@pytest.mark.parametrize("kind", KINDS)
+def test_report_renders_each_kind_self_contained(rendered, kind):
+    """One HTML file per kind with the question, a one-sentence answer, tables, the kind's figure and the
+    training curves embedded as data: URIs (PNG+SVG also on disk), no external resource, a CSP."""
+    out, html, study_dir = rendered(kind, evil=(kind == "nsp"))
+    assert out.name == "index.html"
+    figs = out.parent / "figures"
+    kind_fig = {"nsp": "paired_differences", "mask_rate": "mask_rate", "depth": "depth",
+                "replacement": "replacement"}[kind]
+    for name in (kind_fig, "training_curves"):
+        assert (figs / f"{name}.png").stat().st_size > 1000 and (figs / f"{name}.svg").exists()
+    srcs = re.findall(r'<img[^>]* src="([^"]+)"', html)
+    assert len(srcs) >= 2 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "<link" not in html
+    assert "Content-Security-Policy" in html and "default-src &#39;none&#39;" in html
+    assert f"Fixture question for {kind}?" in html
+    for section in ("summary", "comparisons", "figures", "papers", "baseline", "problems", "provenance"):
+        assert f'id="{section}"' in html
+    assert "abc123def" in html and "data123" in html and "torch=2.13.0" in html   # provenance
+    assert "RuntimeError: out of memory" in html and "diverged" in html            # failed runs shown
+    report = json.loads((out.parent / "report.json").read_text())
+    assert report["answer"] and "95% CI" in report["answer"]
+
+
+def test_answer_sentence_states_the_paired_difference_with_ci(rendered):
+    """The headline equals comparisons.csv for the primary metric, in points, with CI, n and the verdict."""
+    _, html, study_dir = rendered("nsp", evil=True)
+    c = pd.read_csv(study_dir / "comparisons.csv")
+    row = c[(c["task"] == "SST-2") & (c["mode"] == "finetune") & (c["metric"] == "accuracy")].iloc[0]
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    assert answer.startswith("none minus nsp (objective.sentence) on SST-2 finetune accuracy: ")
+    assert f"{100 * row['diff']:+.1f} pp" in answer
+    assert f"[{100 * row['ci_low']:+.1f}, {100 * row['ci_high']:+.1f}]" in answer and "n=3 seeds" in answer
+    assert answer.rstrip(".").endswith("none higher than nsp beyond seed noise")
+    # The planted effect (none > nsp on SST-2) contradicts BERT Table 5, and the report says so.
+    assert re.search(r"SST-2 finetune accuracy</td>.*?disagrees", html, re.S)
+
+
+def test_label_compared_study_matches_papers_row_by_row(rendered):
+    """A spec with explicit runs compared by label (as ablations/nsp.yaml): the answer names the labels,
+    BERT Table 5 gets the paired difference, RoBERTa Table 2 its exact format rows, and ALBERT's
+    None/SOP rows are matched to the runs that differ from segment_pair+nsp in the sentence task only."""
+    out, html, _ = rendered("nsp_labels", failures=False)
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    assert re.match(r"segment_pair minus segment_pair\+nsp \(label\) on SST-2 finetune accuracy: \+\d\.\d pp, 95% CI", answer)
+    sections = html.split("<h3>")
+    bert = next(x for x in sections if "arXiv:1810.04805, Table 5" in x)
+    assert "ours <code>segment_pair+nsp</code> ↔ paper “BERT-base”" in bert
+    assert "paired by seed" not in bert and re.search(r"SST-2 finetune accuracy</td>.*?\[\+", bert, re.S)
+    roberta = next(x for x in sections if "arXiv:1907.11692, Table 2" in x)
+    assert "SEGMENT-PAIR (+NSP) 92.9 → DOC-SENTENCES 92.7" in roberta and "SENTENCE-PAIR (+NSP)" in roberta
+    albert = next(x for x in sections if "arXiv:1909.11942" in x)
+    pairs = set(re.findall(r"<td>(NSP [\d.]+ → \w+) ", albert))
+    assert {p.split(" → ")[1] for p in pairs} == {"None", "SOP"}
+    assert "doc_sentences" not in albert.split("Matched levels")[1].split("</table>")[0].split("<table>")[1]
+
+
+def test_answer_without_compare_names_best_level_and_noise(rendered):
+    """Multi-level studies answer with the best level, its CI, and whether other levels' CIs overlap it."""
+    _, html, _ = rendered("replacement")
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    assert "80/10/10" in answer and "95% CI" in answer and "indistinguishable from noise" in answer
+
+
+def test_labels_and_errors_are_escaped(rendered):
+    """A study question, run label and error containing <script> and quotes come out as text, not markup."""
+    out, html, _ = rendered("nsp", evil=True)
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html
+    index = render_index(out.parent.parent)
+    assert "<script" not in index.read_text()
+
+
+def test_degrades_gracefully_without_finished_runs(tmp_path):
+    """All runs failed: the report still renders, says there is no answer yet, and skips figures with a note."""
+    layout, plan, _ = rf.build(tmp_path, "mask_rate")
+    for r in plan["runs"]:
+        (layout.run_dir(r["run_hash"]) / "status.json").write_text(
+            json.dumps({"status": "failed", "error": "ValueError: boom", "step": 3}))
+        (layout.run_dir(r["run_hash"]) / "history.jsonl").write_text("")
+    from study.aggregate import aggregate_study
+    study_dir = aggregate_study(plan, layout)
+    html = render_report(study_dir, tmp_path / "out").read_text()
+    assert "No answer yet: 0 of" in html
+    assert "skipped: no training curves yet" in html and "skipped:" in html
+    assert html.count("ValueError: boom") == len(plan["runs"])
+
+
+def test_single_seed_has_no_ci_and_says_so(rendered):
+    """With one seed per level there is no CI; the report prints that instead of a fake interval."""
+    _, html, _ = rendered("nsp", seeds=(0,), failures=False)
+    assert "not enough seeds for a CI" in html and "no CI (n&lt;2)" in html
+
+
+def test_every_figure_degrades_on_empty_or_odd_data(tmp_path):
+    """Empty tables give a skip note, odd ones (missing columns, a categorical x, NaN CIs) never crash:
+    make_figures turns any drawing error into a note for that figure alone."""
+    from study import figures as F
+    empty = pd.DataFrame()
+    plan = {"kind": "mask_rate", "x": "masking.rate", "primary_metric": "ref_ppl", "compare": {"factor": "f", "a": 1, "b": 2}}
+    for fn in (lambda: F.mask_rate(empty, plan, ["masking.rate"]), lambda: F.depth(empty, plan, ["model.layers"]),
+               lambda: F.replacement(empty, plan, list(F.REPLACEMENT_KEYS)), lambda: F.generic(empty, plan, []),
+               lambda: F.paired_differences(empty, plan), lambda: F.training_curves(empty),
+               lambda: F.search_trials(None)):
+        d = fn()
+        assert d.fig is None and d.skipped
+    odd = pd.DataFrame({"task": ["pretrain"] * 2, "mode": ["pretrain"] * 2, "init": ["pretrained"] * 2,
+                        "metric": ["ref_ppl"] * 2, "masking.rate": ["low", "high"], "mean": [5.0, 4.0],
+                        "ci_low": [float("nan")] * 2, "ci_high": [float("nan")] * 2, "n": [1, 1]})
+    files = F.make_figures(plan, ["masking.rate"], odd, pd.DataFrame({"oops": [1]}),
+                           pd.DataFrame({"step": [1, 2], "loss": [float("nan"), float("inf")]}), tmp_path)
+    by = {f.name: f for f in files}
+    assert by["mask_rate"].png and by["mask_rate"].png.exists()          # categorical x, no CI: still drawn
+    assert by["paired_differences"].skipped.startswith("could not draw")  # missing columns -> note
+    assert by["training_curves"].skipped == "every logged loss is non-finite"
+
+
+def test_missing_aggregate_is_a_study_error(tmp_path):
+    with pytest.raises(StudyError, match="study aggregate"):
+        render_report(tmp_path / "nothing", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_search_section_and_figure(tmp_path):
+    """A trials table (as the search stage will export it) adds a search section and figure."""
+    layout, plan, study_dir = rf.build(tmp_path, "nsp", failures=False)
+    trials = pd.DataFrame({"number": range(6), "state": ["COMPLETE"] * 4 + ["PRUNED", "FAIL"],
+                           "value": [5.0, 4.0, 4.5, 3.5, None, None], "params_masking.rate": [.1, .2, .3, .4, .5, .6],
+                           "tokens": [1e5, 2e5, 3e5, 4e5, 5e5, 6e5]})
+    s = search_summary(trials)
+    assert s["best"]["number"] == 3 and s["best"]["params"] == {"masking.rate": 0.4} and s["counts"]["PRUNED"] == 1
+    html = render_report(study_dir, tmp_path / "out", search_trials=trials).read_text()
+    assert 'id="search"' in html and 'id="fig-search_trials"' in html and "masking.rate=0.4" in html
+    # The same file dropped where the search stage writes it is picked up without the argument.
+    tdir = layout.search_dir(plan["name"])
+    tdir.mkdir(parents=True)
+    trials.to_csv(tdir / "trials.csv", index=False)
+    assert load_study_dir(study_dir).trials is not None
+
+
+def test_render_index_links_every_report(tmp_path):
+    """reports/index.html lists each study report (from its report.json) with a relative link."""
+    for kind in ("nsp", "depth"):
+        layout, plan, study_dir = rf.build(tmp_path / kind, kind, seeds=(0,), failures=False)
+        render_report(study_dir, tmp_path / "reports" / plan["name"])
+    html = render_index(tmp_path / "reports").read_text()
+    assert 'href="fixture-nsp/index.html"' in html and 'href="fixture-depth/index.html"' in html
+
+
+@pytest.mark.slow
+def test_report_does_not_import_training_stack(tmp_path):
+    """Rendering imports neither torch nor transformers nor any training module (checked in a fresh process)."""
+    layout, plan, study_dir = rf.build(tmp_path, "depth", failures=False)
+    code = f"""
+import sys
+from study.report import render_report, render_index
+render_report({str(study_dir)!r}, {str(tmp_path / 'out')!r})
+render_index({str(tmp_path)!r})
+bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'tokenizers', 'datasets')
+             or m in ('study.train', 'study.model', 'study.finetune', 'study.data', 'study.masking'))
+print('LOADED', bad)
+assert not bad, bad
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "LOADED []" in r.stdout
+
+
+# --------------------------------------------------------------------------- headless browser
+CHECKER = """<script>
+window.__errs = []; window.__csp = [];
+window.addEventListener('error', function (e) { __errs.push(String(e.message || (e.target && e.target.outerHTML))); }, true);
+document.addEventListener('securitypolicyviolation', function (e) { __csp.push(e.blockedURI + ' ' + e.violatedDirective); });
+var _ce = console.error; console.error = function () { __errs.push(Array.from(arguments).join(' ')); _ce.apply(console, arguments); };
+window.addEventListener('load', function () {
+  // Synchronous on purpose: the load event fires after every <img> has loaded or failed, and an async
+  // decode() could still be pending when --dump-dom serialises the page.
+  var imgs = Array.from(document.images);
+  var p = document.createElement('pre'); p.id = '__check';
+  p.textContent = JSON.stringify({n: imgs.length, widths: imgs.map(function (i) { return i.complete ? i.naturalWidth : -1; }),
+                                  errs: __errs, csp: __csp});
+  document.body.appendChild(p);
+});
+</script>"""
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "/usr/bin/chromium"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _open_in_chromium(page: Path, tmp_path: Path) -> tuple[dict, str]:
+    """Load `page` from file:// with an inline checker injected first in <head> (before the report's
+    CSP, which would block it), dump the DOM, and return the checker's JSON and Chromium's stderr."""
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("headless Chromium not installed (apt-get install chromium; .ci/run installs it)")
+    probe = page.with_name("_probe_" + page.name)
+    probe.write_text(page.read_text(encoding="utf-8").replace("<head>", "<head>" + CHECKER, 1), encoding="utf-8")
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
+           f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr", "--v=0",
+           "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()]
+    for _attempt in range(2):  # one retry: a starved CI machine can kill the renderer on its first start
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        m = re.search(r'<pre id="__check">(.*?)</pre>', r.stdout, re.S)
+        if m:
+            break
+    probe.unlink()
+    assert m, f"checker did not report (rc={r.returncode}): {r.stderr[-2000:]}"
+    import html as _html
+    return json.loads(_html.unescape(m.group(1))), r.stderr
+
+
+@pytest.mark.slow
+def test_report_in_headless_chromium(rendered, tmp_path):
+    """In a real browser from file://: every <img> decodes (naturalWidth > 0), no console/JS errors, no CSP
+    violation (nothing tried to load from outside the file), and the injected label did not execute."""
+    out, html, _ = rendered("nsp", evil=True)
+    result, stderr = _open_in_chromium(out, tmp_path)
+    n_figs = len(re.findall(r"<img ", html))
+    assert result["n"] == n_figs >= 2
+    assert all(w > 0 for w in result["widths"]), result
+    assert result["errs"] == [] and result["csp"] == [], result
+    console = [l for l in stderr.splitlines() if "CONSOLE" in l and "_probe_" in l]
+    assert console == [], console
+    render_index(out.parent.parent)
+    result, _ = _open_in_chromium(out.parent.parent / "index.html", tmp_path)
+    assert result["errs"] == [] and result["csp"] == []
+
+
+@pytest.mark.slow
+def test_browser_checker_catches_broken_images_and_network(tmp_path):
+    """The browser check can fail: a broken data: image and an external image are both reported."""
+    page = tmp_path / "index.html"
+    page.write_text('<!doctype html><html><head><meta http-equiv="Content-Security-Policy" '
+                    f'content="{"default-src &#39;none&#39;; img-src data:"}"></head><body>'
+                    '<img src="data:image/png;base64,AAAA"><img src="https://example.invalid/x.png"></body></html>')
+    result, _ = _open_in_chromium(page, tmp_path)
+    assert result["n"] == 2 and result["widths"] == [0, 0]
+    assert any("example.invalid" in c for c in result["csp"])

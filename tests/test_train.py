@@ -1,0 +1,471 @@
+"""The pre-training trainer on a tiny synthetic corpus: run folder, skip-if-done, schedule, bitwise resume
+after SIGKILL, damaged checkpoints, divergence, loss-neutral impl settings, config errors, DDP (slow)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from study.config import RunConfig
+from study.errors import Diverged, StudyError
+from study.paths import Layout
+from study.train import NAN_ENV, lr_curve, read_checkpoint, train_run
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+# metrics that depend only on the config (not on timing): these must be bitwise equal across resumes
+EXACT = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc", "tokens_seen", "steps", "params",
+         "positions_computed", "masked_seen", "final_loss", "ref_sequences", "ref_masked")
+
+
+def _corpus_text(n_docs: int = 60, seed: int = 0) -> str:
+    """Documents from a small grammar over ~350 made-up words: learnable, and a WordPiece vocab of ~400."""
+    rng = np.random.default_rng(seed)
+    syl = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = sorted({"".join(rng.choice(syl, size=int(rng.integers(1, 4)))) for _ in range(600)})[:360]
+    det, adj, noun, verb = words[:10], words[10:80], words[80:240], words[240:]
+    docs = []
+    for _ in range(n_docs):
+        topic = rng.choice(noun, size=8)  # each document keeps returning to a few nouns
+        sents = []
+        for _ in range(int(rng.integers(6, 12))):
+            n1 = topic[rng.integers(8)] if rng.random() < 0.6 else rng.choice(noun)
+            s = [rng.choice(det), rng.choice(adj), n1, rng.choice(verb), rng.choice(det), rng.choice(noun)]
+            sents.append(" ".join(s).capitalize() + ".")
+        docs.append("\n".join(sents))
+    return "\n\n".join(docs) + "\n"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    f = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    f.write_text(_corpus_text(), encoding="utf-8")
+    return f
+
+
+@pytest.fixture(scope="module")
+def data_dir(corpus, tmp_path_factory) -> Path:
+    """One prepared data folder shared by every run of this module.
+
+    Runs that are compared must see the same token ids; WordPiece training in `tokenizers` assigns
+    the ids of equal-count alphabet pieces in hash-map order, which differs between calls, so two
+    separate prepare_data calls would not give the same ids (reported to the tokenizer owner).
+    """
+    from study.data import prepare_data
+    cfg = make_cfg(corpus)
+    return prepare_data(cfg, Layout(root=tmp_path_factory.mktemp("data")), progress=False).dir
+
+
+@pytest.fixture
+def layout(data_dir, tmp_path):
+    """layout("name") -> a fresh Layout under tmp_path holding a copy of the shared data folder."""
+    def make(name: str) -> Layout:
+        lay = Layout(root=tmp_path / name)
+        shutil.copytree(data_dir, lay.data_dir(data_dir.name))
+        return lay
+    return make
+
+
+def make_cfg(corpus: Path, **over) -> RunConfig:
+    d = {"corpus": {"sources": [{"kind": "text", "path": str(corpus)}], "valid_fraction": 0.15},
+         "tokenizer": {"vocab_size": 400},
+         "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 32},
+         "model": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64},
+         "train": {"amount": 30, "batch_size": 8, "lr": 2e-3, "eval_sequences": 32},
+         "impl": {"threads": 1, "log_every": 1, "checkpoint_every": 10, "progress": False}}
+    for key, value in over.items():
+        section, _, name = key.partition("__")
+        d.setdefault(section, {})[name] = value
+    return RunConfig.model_validate(d)
+
+
+def history(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def events(run_dir: Path) -> list[dict]:
+    p = run_dir / "events.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def stable_history(run_dir: Path) -> list[dict]:
+    """history.jsonl without the timing field: must be identical for an interrupted and a clean run."""
+    return [{k: v for k, v in h.items() if k != "tokens_per_s"} for h in history(run_dir)]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [h["loss"] for h in history(run_dir) if "loss" in h]
+
+
+def weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+# --------------------------------------------------------------------------- schedule
+def test_schedule_shapes(corpus):
+    lin = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.1, train__lr=1.0))
+    assert len(lin) == 100
+    assert lin[0] == pytest.approx(0.1) and lin[9] == pytest.approx(1.0)      # linear warmup over 10 steps
+    assert np.all(np.diff(lin[:10]) > 0) and np.all(np.diff(lin[10:]) < 0)    # then strictly down
+    assert lin[10] == pytest.approx(1.0) and lin[-1] == pytest.approx(1 / 90)  # linear to ~0
+    cos = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.1, train__lr=1.0, train__schedule="cosine"))
+    assert cos[55] == pytest.approx(0.5)                                       # half way through the decay
+    assert cos[30] > lin[30] and cos[80] < lin[80]                             # cosine: above, then below
+    const = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.0, train__lr=1.0,
+                              train__schedule="constant"))
+    assert set(const) == {1.0}
+
+
+# --------------------------------------------------------------------------- run folder
+def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch):
+    from transformers import AutoModel, AutoModelForMaskedLM, pipeline
+
+    cfg = make_cfg(corpus, impl__eval_every=10)
+    lay = layout("results")
+    seen = []
+    m = train_run(cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: seen.append((step, tokens, ev)))
+    run = lay.run_dir(cfg.run_hash())
+    assert {p.name for p in run.iterdir()} >= {"config.json", "meta.json", "status.json", "history.jsonl",
+                                               "metrics.json", "model", "checkpoints"}
+    assert json.loads((run / "status.json").read_text()) == {"status": "done", "error": None, "step": 30}
+    # status.json is written last
+    others = [p.stat().st_mtime_ns for p in run.iterdir() if p.is_file() and p.name != "status.json"]
+    assert (run / "status.json").stat().st_mtime_ns >= max(others)
+    assert json.loads((run / "config.json").read_text())["run_hash"] == cfg.run_hash()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["run_hash"] == cfg.run_hash() and meta["data_hash"] == cfg.data_hash()
+    assert meta["device"] == "cpu" and meta["params"] == m["params"] > 0 and "git" in meta["provenance"]
+    for key in ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc", "tokens_seen", "steps", "tokens_per_s",
+                "mfu", "params", "wall_s", "peak_flops"):
+        assert m[key] is not None, key
+    assert m["steps"] == 30 and m["ref_ppl"] == pytest.approx(np.exp(m["ref_mlm_loss"]))
+    assert 0 < m["mfu"] < 1 and m["peak_flops"] > 1e9 and 0 <= m["sentence_acc"] <= 1
+    assert m["vocab_size"] > 250  # the tiny corpus gives a real WordPiece vocabulary
+    # on_eval after every eval (10, 20) and at the end (30); the last one is the metrics
+    assert [s for s, _, _ in seen] == [10, 20, 30]
+    assert seen[-1][2]["ref_mlm_loss"] == m["ref_mlm_loss"] and seen[-1][1] == m["tokens_seen"]
+    # history: one line per step (log_every=1) with the LR schedule, eval events, loss goes down
+    h = [e for e in history(run) if "loss" in e]
+    assert [e["step"] for e in h] == list(range(1, 31))
+    assert [e["lr"] for e in h] == pytest.approx(lr_curve(cfg))
+    assert all(e["sentence_loss"] is not None and e["tokens_per_s"] > 0 for e in h)
+    assert [e["step"] for e in history(run) if "eval" in e] == [10, 20, 30]
+    assert np.mean([e["loss"] for e in h[-5:]]) < np.mean([e["loss"] for e in h[:5]]) - 0.3
+    assert not list((run / "checkpoints").glob("*.pt"))  # resume state removed once done
+    # the model folder is a standard HF checkpoint
+    mlm = AutoModelForMaskedLM.from_pretrained(run / "model")
+    enc = AutoModel.from_pretrained(run / "model")
+    assert enc.config.hidden_size == 32 and mlm.config.vocab_size == m["vocab_size"]
+    fill = pipeline("fill-mask", model=str(run / "model"), top_k=2)
+    assert len(fill("the [MASK] is here")) == 2
+    # a second call trains nothing and returns the same metrics
+    monkeypatch.setattr("study.train._Trainer.run", lambda self: pytest.fail("trained a finished run"))
+    assert train_run(cfg, lay, quiet=True) == m
+
+
+def test_tokens_budget_and_no_sentence_task(corpus, layout, tmp_path):
+    cfg = make_cfg(corpus, objective__sentence="none", objective__format="doc_sentences", train__budget="tokens",
+                   train__amount=2000, impl__log_every=5)
+    m = train_run(cfg, layout("r"), quiet=True)
+    assert m["sentence_acc"] is None
+    per_step = 8 * 32  # at most batch x max_seq_len real tokens per step
+    assert 2000 <= m["tokens_seen"] < 2000 + per_step and m["steps"] >= 2000 // per_step
+
+
+def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, layout):
+    cfg = make_cfg(corpus, train__budget="seconds", train__amount=1.0, impl__log_every=1)
+    lay = layout("r")
+    m = train_run(cfg, lay, quiet=True)
+    run = lay.run_dir(cfg.run_hash())
+    assert m["time_s"] >= 1.0 and m["steps"] == len(losses(run)) >= 2
+    lrs = [h["lr"] for h in history(run) if "lr" in h]
+    assert max(lrs) > lrs[-1]  # warmup then decay, following elapsed time
+    assert json.loads((run / "meta.json").read_text())["bitwise_resume"] is False
+
+
+# --------------------------------------------------------------------------- faults
+def _subprocess_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(REPO))
+    env.pop(NAN_ENV, None)
+    return env
+
+
+def _driver(cfg_path: Path, results: Path) -> list[str]:
+    return [PY, "-m", "study.train", str(cfg_path), "--results", str(results), "--quiet"]
+
+
+@pytest.mark.slow  # four fresh interpreters (torch + transformers imports); the in-process resume is fast
+def test_resume_is_bitwise_after_sigkill(corpus, layout, tmp_path):
+    """Kill a real training process with SIGKILL several times, just after it writes a checkpoint
+    (so the kill lands mid-run, between checkpoints); the resumed run must end bitwise equal."""
+    cfg = make_cfg(corpus, train__amount=60, impl__checkpoint_every=4, impl__log_every=3, impl__eval_every=25)
+    ref = layout("ref")
+    train_run(cfg, ref, quiet=True)
+
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    killed = layout("killed")
+    run = killed.run_dir(cfg.run_hash())
+    kills, last = 0, 0
+    for _ in range(3):
+        proc = subprocess.Popen(_driver(cfg_path, killed.root), cwd=REPO, env=_subprocess_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        target = None
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            steps = sorted(int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("step-*.pt")) \
+                if (run / "checkpoints").exists() else []
+            if steps and steps[-1] > last:
+                target = steps[-1]
+                break
+            time.sleep(0.002)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if not (run / "status.json").exists():
+                kills += 1
+                last = target or last
+        else:
+            assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
+            break
+    assert kills >= 1, "no kill landed mid-run"
+    out = subprocess.run(_driver(cfg_path, killed.root), cwd=REPO, env=_subprocess_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads((run / "status.json").read_text())["status"] == "done"
+    ref_run = ref.run_dir(cfg.run_hash())
+    assert_same_weights(ref_run, run)
+    a, b = metrics(ref_run), metrics(run)
+    assert {k: a[k] for k in EXACT} == {k: b[k] for k in EXACT}
+    assert stable_history(ref_run) == stable_history(run)  # resumed lines dropped, then logged again
+    resumes = [e for e in events(run) if e["event"] == "resume"]
+    assert len(resumes) == kills and json.loads((run / "meta.json").read_text())["sessions"] == kills + 1
+    starts = [e for e in events(run) if e["event"] == "start"]
+    assert len(starts) == kills + 1 and not starts[0]["resumed"] and all(e["resumed"] for e in starts[1:])
+
+
+class Stop(Exception):
+    pass
+
+
+def _stop_at(step_to_stop: int):
+    def hook(step, tokens, ev):
+        if step == step_to_stop:
+            raise Stop(step)
+    return hook
+
+
+def test_on_eval_stop_keeps_run_resumable_and_damaged_checkpoints_fall_back(corpus, layout, tmp_path):
+    cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=10)
+    ref = layout("ref")
+    train_run(cfg, ref, quiet=True)
+    ref_run = ref.run_dir(cfg.run_hash())
+
+    lay = layout("b")
+    run = lay.run_dir(cfg.run_hash())
+    with pytest.raises(Stop):
+        train_run(cfg, lay, quiet=True, on_eval=_stop_at(20))
+    assert not (run / "status.json").exists()  # pruned: resumable, not finished
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.glob("*.pt")) == ["step-00000010.pt", "step-00000020.pt"]
+    assert read_checkpoint(ck / "step-00000020.pt")["step"] == 20
+    # truncate the newest checkpoint: it must be detected, reported, and the previous one used
+    data = (ck / "step-00000020.pt").read_bytes()
+    (ck / "step-00000020.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="sha256"):
+        read_checkpoint(ck / "step-00000020.pt")
+    with pytest.warns(RuntimeWarning, match="step-00000020.pt rejected"):
+        train_run(cfg, lay, quiet=True)
+    assert [e["step"] for e in events(run) if e["event"] == "resume"] == [10]
+    assert any("rejected" in e.get("message", "") for e in events(run))
+    assert stable_history(run) == stable_history(ref_run)  # resumed lines dropped, then logged again
+    assert_same_weights(ref_run, run)
+    assert {k: metrics(ref_run)[k] for k in EXACT} == {k: metrics(run)[k] for k in EXACT}
+
+    # every checkpoint damaged (a flipped byte): reported, then a fresh start that still ends equal
+    lay2 = layout("c")
+    run2 = lay2.run_dir(cfg.run_hash())
+    with pytest.raises(Stop):
+        train_run(cfg, lay2, quiet=True, on_eval=_stop_at(20))
+    for p in (run2 / "checkpoints").glob("*.pt"):
+        raw = bytearray(p.read_bytes())
+        raw[-100] ^= 0xFF
+        p.write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match="from scratch"):
+        train_run(cfg, lay2, quiet=True)
+    assert_same_weights(ref_run, run2)
+
+
+def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch):
+    cfg = make_cfg(corpus, impl__checkpoint_every=5)
+    lay = layout("r")
+    monkeypatch.setenv(NAN_ENV, "7")
+    with pytest.raises(Diverged) as err:
+        train_run(cfg, lay, quiet=True)
+    assert err.value.step == 7 and not np.isfinite(err.value.loss)
+    run = lay.run_dir(cfg.run_hash())
+    st = json.loads((run / "status.json").read_text())
+    assert st["status"] == "diverged" and st["step"] == 7 and "non-finite loss" in st["error"]
+    assert not (run / "metrics.json").exists() and not (run / "model").exists()
+    assert [e["step"] for e in events(run) if e["event"] == "diverged"] == [7]
+    # calling again does not train: the recorded divergence is raised again
+    monkeypatch.delenv(NAN_ENV)
+    monkeypatch.setattr("study.train._Trainer.run", lambda self: pytest.fail("retrained a diverged run"))
+    with pytest.raises(Diverged):
+        train_run(cfg, lay, quiet=True)
+
+
+# --------------------------------------------------------------------------- impl is speed-only
+def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
+    """sparse/full head x eager/SDPA attention (and a prefetch worker) give the same training curve;
+    all four share one run hash because impl is not semantic."""
+    curves, hashes, evals, layout_of = {}, set(), {}, {}
+    for sparse in (True, False):
+        for attn in ("eager", "sdpa"):
+            cfg = make_cfg(corpus, train__amount=20, impl__sparse_head=sparse, impl__attention=attn,
+                           impl__workers=1 if attn == "sdpa" else 0)
+            lay = layout_of[(sparse, attn)] = layout(f"{sparse}-{attn}")
+            m = train_run(cfg, lay, quiet=True)
+            hashes.add(cfg.run_hash())
+            curves[(sparse, attn)] = np.array(losses(lay.run_dir(cfg.run_hash())))
+            evals[(sparse, attn)] = m["ref_mlm_loss"]
+    assert len(hashes) == 1
+    base = curves[(True, "eager")]
+    assert len(base) == 20 and base[-1] < base[0]
+    for k, c in curves.items():
+        np.testing.assert_allclose(c, base, rtol=2e-4, atol=2e-4, err_msg=str(k))
+        assert evals[k] == pytest.approx(evals[(True, "eager")], rel=2e-4)
+    # evaluation, checkpointing, prefetching and logging draw no random numbers: bitwise the same run
+    cfg = make_cfg(corpus, train__amount=20, impl__workers=2, impl__eval_every=5, impl__checkpoint_every=3,
+                   impl__log_every=1)
+    lay = layout("busy")
+    train_run(cfg, lay, quiet=True)
+    assert_same_weights(lay.run_dir(cfg.run_hash()), layout_of[(True, "eager")].run_dir(cfg.run_hash()))
+
+
+def test_grad_accumulation_matches_one_big_batch(corpus, layout, tmp_path):
+    """Losses are weighted by the global masked count, so 4 micro-batches of 2 = 1 batch of 8 (no dropout)."""
+    curves = []
+    for accum in (1, 4):
+        cfg = make_cfg(corpus, train__amount=15, train__grad_accum=accum, model__dropout=0.0,
+                       model__attention_dropout=0.0)
+        lay = layout(f"a{accum}")
+        train_run(cfg, lay, quiet=True)
+        curves.append(np.array(losses(lay.run_dir(cfg.run_hash()))))
+    np.testing.assert_allclose(curves[0], curves[1], rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_autocast_tracks_fp32(corpus, layout, tmp_path):
+    curves = {}
+    for prec in ("fp32", "bf16"):
+        cfg = make_cfg(corpus, train__amount=20, impl__precision=prec)
+        lay = layout(prec)
+        train_run(cfg, lay, quiet=True)
+        curves[prec] = np.array(losses(lay.run_dir(cfg.run_hash())))
+    rel = np.max(np.abs(curves["bf16"] - curves["fp32"]) / curves["fp32"])
+    assert 0 < rel < 0.02, rel  # > 0: autocast really ran in bf16
+
+
+# --------------------------------------------------------------------------- config errors
+@pytest.mark.parametrize("change, field", [
+    (lambda c: setattr(c.objective, "max_seq_len", 128), "objective.max_seq_len"),  # > max_positions 64
+    (lambda c: setattr(c.train, "grad_accum", 3), "train.batch_size"),             # 8 does not split in 3
+    (lambda c: setattr(c.train, "batch_size", 5000), "train.batch_size"),          # more than the corpus
+    (lambda c: setattr(c.impl, "compile", True), "impl.compile"),
+])
+def test_config_errors_name_the_field_before_training(corpus, layout, tmp_path, change, field):
+    cfg = make_cfg(corpus)
+    change(cfg)
+    lay = layout("r")
+    with pytest.raises(StudyError) as err:
+        train_run(cfg, lay, quiet=True)
+    assert err.value.field == field
+    assert not lay.run_dir(cfg.run_hash()).exists()  # nothing written for the run
+
+
+def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, monkeypatch):
+    """A data folder whose special ids disagree with its tokenizer (or ids beyond its vocab) is refused."""
+    import study.tokenizer as tokmod
+    real = tokmod.special_ids
+    monkeypatch.setattr(tokmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7))
+    cfg = make_cfg(corpus)
+    lay = layout("r")
+    with pytest.raises(StudyError) as err:
+        train_run(cfg, lay, quiet=True)
+    assert err.value.field == "tokenizer.vocab_size" and not lay.run_dir(cfg.run_hash()).exists()
+
+
+def test_batch_of_zero_rejected(corpus):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="batch_size"):
+        make_cfg(corpus, train__batch_size=0)
+
+
+# --------------------------------------------------------------------------- DDP
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
+    """torchrun with 2 gloo processes, global batch 8 split 4+4, vs one process: same loss curve."""
+    cfg = make_cfg(corpus, train__amount=15, model__dropout=0.0, model__attention_dropout=0.0,
+                   impl__checkpoint_every=5)
+    single = layout("single")
+    m1 = train_run(cfg, single, quiet=True)
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    ddp = layout("ddp")
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), "-m", "study.train", str(cfg_path), "--results", str(ddp.root),
+           "--quiet"]
+    out = subprocess.run(cmd, cwd=REPO, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = ddp.run_dir(cfg.run_hash())
+    m2 = metrics(run)
+    assert m2["world_size"] == 2 and m2["steps"] == m1["steps"] and m2["tokens_seen"] == m1["tokens_seen"]
+    np.testing.assert_allclose(losses(run), losses(single.run_dir(cfg.run_hash())), rtol=1e-4, atol=1e-4)
+    assert m2["ref_mlm_loss"] == pytest.approx(m1["ref_mlm_loss"], rel=1e-4)
+
+    # both ranks SIGKILLed at their 8th step (study/faults.py), then restarted: resumes from step 5
+    # (RNG states of both ranks restored from rank 0's checkpoint) and ends bitwise equal
+    killed = layout("ddp-killed")
+    cmd_k = [c if c != str(ddp.root) else str(killed.root) for c in cmd]
+    cmd_k[cmd_k.index("--master_port") + 1] = str(_free_port())
+    out = subprocess.run(cmd_k, cwd=REPO, env={**_subprocess_env(), "STUDY_KILL_AT": "train.step:8"},
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode != 0 and "fault: SIGKILL at train.step #8" in out.stderr
+    krun = killed.run_dir(cfg.run_hash())
+    assert not (krun / "status.json").exists() and (krun / "checkpoints" / "step-00000005.pt").exists()
+    cmd_k[cmd_k.index("--master_port") + 1] = str(_free_port())
+    out = subprocess.run(cmd_k, cwd=REPO, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [e["step"] for e in events(krun) if e["event"] == "resume"] == [5]
+    assert_same_weights(run, krun)
+    assert stable_history(run) == stable_history(krun)
