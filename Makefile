@@ -30,5 +30,7 @@ test-fast: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra -m "not slow"
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/data.py
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/search.py

@@ -1,6 +1,8 @@
 """Deterministic fault injection for the fault suite (tests/test_faults.py): SIGKILL at a named point.
 
     STUDY_KILL_AT="io.replace:12"   kill this process the 12th time it reaches point("io.replace")
+    STUDY_KILL_AT="io.replace@results/finetune:2"
+                                    ... the 2nd time it reaches it with "results/finetune" in the detail
 
 Killing at "the n-th atomic write" or "the n-th training step" lands a kill at a reproducible place
 in any stage (data preparation, a checkpoint write, mid-step, a fine-tuning result, the aggregate,
@@ -25,10 +27,11 @@ def point(name: str, detail: str = "") -> None:
     if not spec:
         return
     target, _, nth = spec.rpartition(":")
-    if target != name:
+    target, _, where = target.partition("@")
+    if target != name or where not in detail:
         return
-    _seen[name] = _seen.get(name, 0) + 1
-    if _seen[name] == int(nth):
+    _seen[spec] = _seen.get(spec, 0) + 1
+    if _seen[spec] == int(nth):
         # say where, so the fault suite can check that its kills landed in every stage
         print(f"fault: SIGKILL at {name} #{nth} {detail}", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -60,7 +60,7 @@ from .errors import Diverged, StudyError
 from .io import atomic_dir, atomic_write_bytes, atomic_write_json, file_lock, read_json
 from .paths import Layout
 
-NAN_ENV = "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of this (1-based) step becomes NaN
+NAN_ENV = "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of step k (1-based) becomes NaN; "<hash>:k" for one run
 CKPT_MAGIC = b"STUDYCKPT1\n"
 CKPT_FORMAT = 1
 KEEP_CHECKPOINTS = 2   # the newest may be damaged; the one before is the fallback
@@ -630,8 +630,9 @@ class _Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.zero_grad(set_to_none=True)
-        inject = os.environ.get(NAN_ENV)
-        nan_now = inject is not None and int(inject) == self.state.step + 1
+        inject = os.environ.get(NAN_ENV)  # "k" (every run) or "<run_hash>:k" (one run of a study)
+        target, _, at = (inject or "").rpartition(":")
+        nan_now = bool(inject) and target in ("", self.cfg.run_hash()) and int(at) == self.state.step + 1
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for i, p in enumerate(parts):
             tensors = {k: v.to(self.device, non_blocking=True) for k, v in p["tensors"].items()}

@@ -97,7 +97,7 @@ def fingerprint(results: Path) -> dict:
     import pandas as pd
     tidy = pd.read_csv(results / "studies" / "faulty" / "results.csv")
     tidy = tidy[~tidy["metric"].isin(VOLATILE)]
-    out["tidy"] = sorted(tidy.astype(str).agg("|".join, axis=1))
+    out["tidy"] = sorted(tidy.to_csv(index=False).splitlines())
     return out
 
 
@@ -133,11 +133,15 @@ def reference(tmp_path_factory) -> dict:
     return fingerprint(root / "results")
 
 
-# Points spread through data preparation (first writes), training (steps, checkpoint writes),
-# fine-tuning, aggregation and report: the n-th atomic write of each restarted process.
-STUDY_RUN_POINTS = ["io.replace:1", "io.replace:3", "train.step:2", "io.replace:6", "train.step:5",
-                    "io.replace:4", "io.replace:9", "train.step:3", "io.replace:12", "io.replace:2",
-                    "io.replace:15", "io.replace:5", "io.replace:20", "io.replace:8"]
+# Points spread through every stage of a study, each in its own restarted process: data preparation,
+# training steps, checkpoint writes, the run folder's final files, fine-tuning results and its cache,
+# the aggregate and the report. "io.replace@X:n" = the n-th atomic write whose path contains X.
+STUDY_RUN_POINTS = ["io.replace@results/data:1", "io.replace@results/data:3", "train.step:2",
+                    "io.replace@checkpoints:1", "train.step:4", "io.replace@checkpoints:2",
+                    "io.replace@results/runs:3", "io.replace@model:1", "io.replace@status.json:1",
+                    "io.replace@results/.cache:1", "io.replace@results/finetune:1",
+                    "io.replace@results/finetune:3", "io.replace@results/studies:1",
+                    "io.replace@results/studies:4", "io.replace@reports:1"]
 
 
 def test_study_run_survives_kills(reference, tmp_path):
@@ -148,13 +152,14 @@ def test_study_run_survives_kills(reference, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert fingerprint(root / "results") == reference
     where = " ".join(landed)
-    assert len(landed) >= 10, landed
-    for stage in ("results/data", "results/runs", "train.step", "results/finetune"):
+    assert len(landed) >= 12, landed
+    for stage in ("results/data", "train.step", "checkpoints", "results/finetune", "results/studies", "reports"):
         assert stage in where, (stage, landed)
 
 
-DVC_POINTS = ["io.replace:2", "train.step:4", "io.replace:5", "io.replace:3", "io.replace:7",
-              "io.replace:10", "io.replace:1", "io.replace:4"]
+DVC_POINTS = ["io.replace@results/data:2", "train.step:4", "io.replace@checkpoints:1",
+              "io.replace@results/runs:2", "io.replace@results/finetune:1", "io.replace@results/finetune:2",
+              "io.replace@results/studies:2", "io.replace@reports:1"]
 
 
 def test_dvc_repro_survives_kills(reference, tmp_path):
@@ -192,3 +197,22 @@ def test_two_concurrent_study_runs_train_each_run_once(reference, tmp_path):
     starts = [line.split()[2] for line in trace.read_text().splitlines() if line.split()[1] == "train.start"]
     assert len(starts) == 2 and len(set(starts)) == 2, starts  # two runs, each trained exactly once
     assert fingerprint(root / "results") == reference
+
+
+def test_a_diverged_run_is_reported_and_the_study_finishes(tmp_path):
+    root = _project(tmp_path / "p")
+    from study.spec import load_study
+    victim = load_study(root / "ablations" / "faulty.yaml").runs[0].run_hash
+    proc = subprocess.run(["study", "run", "ablations/faulty.yaml", "--quiet"], cwd=root, capture_output=True,
+                          text=True, timeout=900, env=_env(STUDY_INJECT_NAN_AT_STEP=f"{victim}:5"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads((root / "results" / "runs" / victim / "status.json").read_text())
+    assert status["status"] == "diverged" and status["step"] == 5, status
+    others = [p for p in (root / "results" / "runs").iterdir() if p.name != victim]
+    assert others and all(json.loads((p / "status.json").read_text())["status"] == "done" for p in others)
+    html = (root / "reports" / "faulty" / "index.html").read_text()
+    assert victim in html and "diverged" in html
+    # `study pretrain` without --keep-going says so with its own exit status
+    proc = subprocess.run(["study", "pretrain", "ablations/faulty.yaml", "--run", victim, "--quiet"], cwd=root,
+                          capture_output=True, text=True, timeout=900, env=_env())
+    assert proc.returncode == 3, proc.stderr[-2000:]
