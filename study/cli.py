@@ -126,11 +126,14 @@ def cmd_prepare(args) -> int:
     study = _study(args)
     done = set()
     for run in study.runs:
-        if run.config.data_hash() in done:
+        if run.config.data_hash() in done or (args.data and run.config.data_hash() not in args.data):
             continue
         prepared = prepare_data(run.config, _layout(args), progress=not args.quiet)
         done.add(run.config.data_hash())
         print(f"data {run.config.data_hash()} ready at {prepared.dir}")
+    if args.data and not done:
+        raise StudyError("no run of this spec uses this data", field="--data",
+                         allowed=", ".join(sorted({r.config.data_hash() for r in study.runs})))
     return 0
 
 
@@ -245,7 +248,7 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
-    args.keep_going, args.baseline = True, None
+    args.keep_going, args.baseline, args.data = True, None, None
     for step in (cmd_prepare, cmd_pretrain, cmd_finetune, cmd_aggregate, cmd_report):
         step(args)
     return 0
@@ -284,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
     spec_cmd("data", cmd_data, "prepare the corpus and tokenizer; print stats and decoded sample instances"
              ).add_argument("--samples", type=int, default=3)
-    spec_cmd("prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run")
+    spec_cmd("prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run").add_argument(
+        "--data", action="append", help="only this data hash (repeatable; dvc.yaml's data stages)")
     spec_cmd("pretrain", cmd_pretrain, "pre-train the study's runs (or --run HASH)", runs=True).add_argument(
         "--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)")
     spec_cmd("finetune", cmd_finetune, "fine-tune and probe the study's finished runs", runs=True).add_argument(

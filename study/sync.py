@@ -32,7 +32,7 @@ stages:
   data:
     foreach: ${data}
     do:
-      cmd: study prepare ${item.spec} ${item.args} --quiet
+      cmd: study prepare ${item.spec} ${item.args} --data ${key} --quiet
       params:
         - study_runs.yaml:
             - data.${key}.config

@@ -7,54 +7,15 @@ paragraphs, so NSP has hundreds of documents to draw from.
 """
 from __future__ import annotations
 
-import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from study.config import ObjectiveConfig, TokenizerConfig
+from study.config import ObjectiveConfig
 from study.errors import StudyError
 from study.instances import (Instances, build_instances, reference_instances, truncation_counts)
 from study.tokens import SpecialIds, TokenizedSplit
-
-BOOKS = ["pg11.txt", "pg35.txt", "pg55.txt", "pg219.txt", "pg2500.txt", "pg23.txt", "pg863.txt",
-         "pg36.txt", "pg2852.txt", "pg308.txt", "pg120.txt", "pg74.txt", "pg408.txt", "pg174.txt"]
-_SENT = re.compile(r"(?<=[.!?])[\"'’”)]*\s+(?=[\"'“‘(]?[A-Z])")
-
-
-def real_tokens(base: Path, shared: Path):
-    """(split, special, continuation) for ~1M tokens; cached under the session's basetemp.
-
-    The same function (same cache folder) lives in test_masking.py, so a full run builds it once.
-    """
-    from study.corpus import _read_text, strip_gutenberg
-    from study.tokenizer import (continuation_mask, load_tokenizer, special_ids, tokenize_docs,
-                                 train_tokenizer)
-    cache = base / "realtext-1m"
-    if not (cache / "split.npz").exists():
-        docs = []
-        for b in BOOKS:
-            body = strip_gutenberg(_read_text(shared / "gutenberg" / b))
-            paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
-            for k in range(0, len(paras), 40):
-                sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]
-                if sents:
-                    docs.append(sents)
-        tok = train_tokenizer(docs[:200], TokenizerConfig(vocab_size=8192), cache / "tok")
-        tokenize_docs(tok, docs, progress=False).save(cache / "split.npz")
-    tok = load_tokenizer(cache / "tok")
-    return TokenizedSplit.load(cache / "split.npz"), special_ids(tok), continuation_mask(tok)
-
-
-@pytest.fixture(scope="session")
-def real(tmp_path_factory):
-    shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not shared.exists():
-        pytest.skip(f"real data not present at {shared}")
-    return real_tokens(tmp_path_factory.getbasetemp(), shared)
-
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 

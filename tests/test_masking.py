@@ -6,60 +6,26 @@ length +-5% of the exact clipped-geometric mean). Synthetic batches check the me
 """
 from __future__ import annotations
 
-import re
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from study.config import MaskingConfig, ObjectiveConfig, TokenizerConfig
+from study.config import MaskingConfig, ObjectiveConfig
 from study.errors import StudyError
 from study.masking import (_non_special_table, mask_rows, mask_tokens, mask_units, reference_masking,
                            select_units)
-from study.tokens import SpecialIds, TokenizedSplit
+from study.tokens import SpecialIds
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
 
-BOOKS = ["pg11.txt", "pg35.txt", "pg55.txt", "pg219.txt", "pg2500.txt", "pg23.txt", "pg863.txt",
-         "pg36.txt", "pg2852.txt", "pg308.txt", "pg120.txt", "pg74.txt", "pg408.txt", "pg174.txt"]
-_SENT = re.compile(r"(?<=[.!?])[\"'’”)]*\s+(?=[\"'“‘(]?[A-Z])")
-
-
-def real_tokens(base: Path, shared: Path):
-    """Same as tests/test_instances.py::real_tokens (same cache folder: a full run builds it once).
-
-    Sentences by regex, not pysbd: masking never looks at sentence boundaries.
-    """
-    from study.corpus import _read_text, strip_gutenberg
-    from study.tokenizer import (continuation_mask, load_tokenizer, special_ids, tokenize_docs,
-                                 train_tokenizer)
-    cache = base / "realtext-1m"
-    if not (cache / "split.npz").exists():
-        docs = []
-        for b in BOOKS:
-            body = strip_gutenberg(_read_text(shared / "gutenberg" / b))
-            paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
-            for k in range(0, len(paras), 40):
-                sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]
-                if sents:
-                    docs.append(sents)
-        tok = train_tokenizer(docs[:200], TokenizerConfig(vocab_size=8192), cache / "tok")
-        tokenize_docs(tok, docs, progress=False).save(cache / "split.npz")
-    tok = load_tokenizer(cache / "tok")
-    return TokenizedSplit.load(cache / "split.npz"), special_ids(tok), continuation_mask(tok)
-
-
 @pytest.fixture(scope="session")
-def rows(tmp_path_factory):
+def rows(real):
     """(ids [N, 128] long, special, continuation bool tensor): >= 1M maskable real tokens."""
-    shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not shared.exists():
-        pytest.skip(f"real data not present at {shared}")
     from study.instances import build_instances
-    split, sp, cont = real_tokens(tmp_path_factory.getbasetemp(), shared)
+    split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none"), sp, seed=0)
     ids = torch.as_tensor(inst.input_ids).long()
     assert int(_maskable(ids, sp).sum()) >= 1_000_000
@@ -67,11 +33,10 @@ def rows(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def pair_rows(tmp_path_factory, rows):
+def pair_rows(real):
     """segment_pair rows (a [SEP] in the middle) for the structural span/word checks."""
     from study.instances import build_instances
-    shared = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    split, sp, cont = real_tokens(tmp_path_factory.getbasetemp(), shared)
+    split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="nsp"), sp, seed=0)
     return torch.as_tensor(inst.input_ids[:3000]).long(), sp, torch.as_tensor(cont)
 

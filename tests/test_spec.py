@@ -1,5 +1,4 @@
 """Specs: expansion, hashing, and bad input answered with exit 2 naming the field."""
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +7,6 @@ import pytest
 
 from study.cli import main
 from study.config import RunConfig
-from study.errors import StudyError
 from study.spec import load_study
 from study.sync import is_stale
 
