@@ -23,8 +23,17 @@ def _layout(args) -> Layout:
 
 
 def _study(args):
+    return _load_checked(args.spec, args.profile)
+
+
+def _load_checked(path, profile):
+    """The spec, with its `search:` block checked too (keys, ranges, objective) when it has one."""
     from .spec import load_study
-    return load_study(args.spec, profile=args.profile)
+    study = load_study(path, profile=profile)
+    if study.spec.search is not None:
+        from .search import load_search
+        load_search(path, profile=profile)
+    return study
 
 
 def _find_run(study, run_hash: str):
@@ -37,9 +46,8 @@ def _find_run(study, run_hash: str):
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args) -> int:
-    from .spec import load_study
     for path in args.specs:
-        study = load_study(path, profile=args.profile)
+        study = _load_checked(path, args.profile)
         print(f"{path}: ok ({len(study.runs)} runs)")
     return 0
 

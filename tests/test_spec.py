@@ -99,6 +99,11 @@ BAD = {
     "dupe_labels": ("name: t\nruns:\n  - {label: x}\n  - {label: x}\n", "runs"),
     "run_bad_key": ("name: t\nruns:\n  - {label: x, set: {model.depth: 3}}\n", "model.depth"),
     "finetune_seeds": ("name: t\ndefaults:\n  finetune: {seeds: []}\n", "finetune.seeds"),
+    "unknown_task": ("name: t\ndefaults:\n  finetune: {tasks: [SST2]}\n", "finetune.tasks"),
+    "unknown_reference": ("name: t\nreport: {references: [bert_table9]}\n", "report.references"),
+    "duplicate_factor": ("name: t\nfactors:\n  masking.rate: [0.1]\n  masking.rate: [0.2]\n", "duplicate key"),
+    "search_unknown_key": ("name: t\nsearch: {params: {masking.rat: {low: 0.1, high: 0.2}}}\n", "masking.rat"),
+    "search_empty_range": ("name: t\nsearch: {params: {masking.rate: {low: 0.3, high: 0.1}}}\n", "masking.rate"),
 }
 
 
