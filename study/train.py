@@ -802,6 +802,9 @@ class _Trainer:
         if self.dist.main:
             atomic_write_json(self.run_dir / "metrics.json", metrics)
             with atomic_dir(self.run_dir / "model") as tmp:
+                if self.quiet:  # save_pretrained draws its own "Writing model shards" bar
+                    from transformers.utils import logging as hf_logging
+                    hf_logging.disable_progress_bar()
                 self.model.save_pretrained(tmp)
                 self.prepared.tokenizer.save_pretrained(str(tmp))
             atomic_write_json(self.run_dir / "meta.json", {
