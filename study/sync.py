@@ -13,10 +13,12 @@ generated file is stale, so the pipeline can never silently miss a run.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
+from .errors import StudyError
 from .io import atomic_write_text
 from .spec import Study, load_study
 
@@ -125,6 +127,15 @@ stages:
 """
 
 
+def _cmd(*parts: str) -> str:
+    """A stage command from parts, skipping empty ones (no profile -> no `--profile`)."""
+    return " ".join(p for p in parts if p)
+
+
+# DVC runs stage commands through a shell: only spec file names that need no quoting go into them.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
 def _args(profile: str | None) -> str:
     return f"--profile {profile}" if profile else ""
 
@@ -133,6 +144,9 @@ def _studies(ablations: Path) -> list[tuple[str, Study]]:
     """Every spec, once without a profile and once per profile it defines."""
     out = []
     for spec_path in sorted(ablations.glob("*.yaml")):
+        if not _SAFE_NAME.match(spec_path.name):
+            raise StudyError("a spec file name goes into shell commands of dvc.yaml", field="file name",
+                             source=str(spec_path), allowed="letters, digits, '_', '-', '.'")
         rel = (Path(ablations.name) / spec_path.name).as_posix()  # relative: the files are committed
         base = load_study(spec_path)
         out.append((rel, base))
@@ -164,14 +178,14 @@ def runs_document(ablations: Path) -> dict:
                 "finetune_key": "defaults.finetune" if "finetune" in study.spec.defaults else "name"})
             entry["finetune"][study.name] = cfg.finetune.model_dump(mode="json")
             # ... and is fine-tuned with the recipe of every spec that includes it
-            cmd = f"study finetune {spec} {args} --run {run.run_hash} --quiet".replace("  ", " ")
+            cmd = _cmd("study finetune", spec, args, f"--run {run.run_hash} --quiet")
             if cmd not in entry["finetune_cmd"]:
                 entry["finetune_cmd"] = f"{entry['finetune_cmd']} && {cmd}" if entry["finetune_cmd"] else cmd
             if cfg.finetune.baseline:
                 key = baseline_key(cfg)
                 b = baselines.setdefault(key, {"data": dh, "finetune": {}, "cmd": ""})
                 b["finetune"][study.name] = cfg.finetune.model_dump(mode="json")
-                bcmd = f"study finetune {spec} {args} --baseline {key} --quiet".replace("  ", " ")
+                bcmd = _cmd("study finetune", spec, args, f"--baseline {key} --quiet")
                 if bcmd not in b["cmd"]:
                     b["cmd"] = f"{b['cmd']} && {bcmd}" if b["cmd"] else bcmd
         studies[study.name] = {"spec": spec, "args": args, "runs": sorted({r.run_hash for r in study.runs}),
@@ -186,7 +200,7 @@ def pipeline_text(doc: dict) -> str:
     """dvc.yaml: the per-run foreach stages, then one aggregate + report stage per study."""
     stages: dict[str, dict] = {}
     for name, s in sorted(doc["studies"].items()):
-        cli = f"study aggregate {s['spec']} {s['args']} --quiet".replace("  ", " ")
+        cli = _cmd("study aggregate", s["spec"], s["args"], "--quiet")
         stages[f"aggregate-{name}"] = {
             "cmd": cli,
             "deps": [s["spec"], *(f"results/runs/{h}" for h in s["runs"]),
@@ -196,7 +210,7 @@ def pipeline_text(doc: dict) -> str:
             "metrics": [{f"results/metrics/study-{name}.json": {"cache": False}}],
         }
         stages[f"report-{name}"] = {
-            "cmd": f"study report {s['spec']} {s['args']} --quiet".replace("  ", " "),
+            "cmd": _cmd("study report", s["spec"], s["args"], "--quiet"),
             "deps": [f"results/studies/{name}", "study/report.py", "study/figures.py", "study/templates",
                      "study/references"],
             "outs": [{f"reports/{name}": {"cache": False}}],

@@ -459,7 +459,7 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
     old_threads = torch.get_num_threads()
     if cfg.impl.threads:
         torch.set_num_threads(cfg.impl.threads)
-    # not the CLI's lock file (flock on a second descriptor of one file would block this very process)
+    # one trainer per run across processes (a second `study run` waits here, then finds the run done)
     lock = file_lock(layout.root / ".locks" / f"train-{run_hash}.lock") if dist.main else contextlib.nullcontext(True)
     try:
         with lock, torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -471,6 +471,8 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
                 found = box[0]
             if found is not None:
                 return found
+            if dist.main:  # the concurrency test counts these: one per run, whatever races to train it
+                faults.point("train.start", run_hash)
             return _Trainer(cfg, layout, run_dir, device, dist, quiet, on_eval).run()
     finally:
         torch.set_num_threads(old_threads)
