@@ -51,17 +51,16 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from .cost import estimate_seconds, param_count, planned_tokens
     study, layout = _study(args), _layout(args)
     rows = []
     for run in study.runs:
         t = run.config.train
-        seq = run.config.objective.max_seq_len
-        tokens = t.amount * t.batch_size * seq if t.budget == "steps" else (t.amount if t.budget == "tokens" else None)
-        secs = None if args.no_time else _estimate_seconds(run.config)
+        secs = None if args.no_time else estimate_seconds(run.config)
         rows.append({"hash": run.run_hash, "label": run.label, "seed": run.seed, "status": run.status(layout),
-                     "factors": run.factors, "est_tokens": int(tokens) if tokens else None,
+                     "factors": run.factors, "est_tokens": planned_tokens(run.config),
                      "est_seconds": round(secs, 1) if secs is not None else None,
-                     "budget": f"{t.amount:g} {t.budget}", "params_M": round(_param_estimate(run.config) / 1e6, 2)})
+                     "budget": f"{t.amount:g} {t.budget}", "params_M": round(param_count(run.config) / 1e6, 2)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -76,47 +75,6 @@ def cmd_plan(args) -> int:
     print(f"total: {total:,} training tokens; pre-training still to do on this machine: ~{pending / 60:.0f} min "
           f"(measured step time x steps; fine-tuning and data preparation not included)")
     return 0
-
-
-_STEP_TIMES: dict[tuple, float] = {}
-
-
-def _estimate_seconds(cfg) -> float:
-    """Pre-training wall time on this machine: time a few real optimizer steps of this model
-    (random ids, the run's batch and sequence length) and multiply by the step count."""
-    import time
-
-    import torch
-
-    from .model import build_model, pretraining_loss
-    t, seq = cfg.train, cfg.objective.max_seq_len
-    steps = t.amount if t.budget == "steps" else (t.amount / (t.batch_size * seq) if t.budget == "tokens" else None)
-    if steps is None:
-        return t.amount
-    key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, seq, t.batch_size, cfg.masking.rate)
-    if key not in _STEP_TIMES:
-        model = build_model(cfg.model, cfg.tokenizer.vocab_size, True, cfg.impl)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(5, cfg.tokenizer.vocab_size, (t.batch_size, seq), generator=g)
-        labels = torch.where(torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100))
-        times = []
-        for _ in range(6):
-            start = time.perf_counter()
-            out = pretraining_loss(model, ids, torch.ones_like(ids), torch.zeros_like(ids), labels,
-                                   torch.zeros(t.batch_size, dtype=torch.long), sparse=cfg.impl.sparse_head)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad()
-            times.append(time.perf_counter() - start)
-        _STEP_TIMES[key] = min(times[1:])  # the fastest warm step: other processes only ever slow it down
-    return _STEP_TIMES[key] * steps
-
-
-def _param_estimate(cfg) -> int:
-    m, v = cfg.model, cfg.tokenizer.vocab_size
-    per_layer = 4 * m.hidden * m.hidden + 2 * m.hidden * m.intermediate + 9 * m.hidden + m.intermediate
-    return v * m.hidden + m.max_positions * m.hidden + m.layers * per_layer + m.hidden * m.hidden
 
 
 def cmd_data(args) -> int:

@@ -445,6 +445,8 @@ class Objective:
         h = cfg.run_hash()
         run_dir = self.layout.run_dir(h)
         # Two trials (two workers) may draw the same config: one trains, the other waits and reuses.
+        # train_run has its own lock, but this one also covers the check-then-replay below, so the
+        # waiting trial reports the finished run's eval curve to the pruner instead of nothing.
         with file_lock(self.layout.root / ".locks" / f"run-{h}.lock"):
             if _status(run_dir) == "done":
                 if report_curve:  # replay its eval curve so the pruner can compare against it
@@ -540,8 +542,7 @@ class Objective:
         if fn is None:
             from .finetune import finetune_run as fn
         h, fh = cfg.run_hash(), cfg.finetune_hash()
-        with file_lock(self.layout.root / ".locks" / f"finetune-{h}.lock"):
-            fn(cfg, self.layout, quiet=self.quiet)
+        fn(cfg, self.layout, quiet=self.quiet)  # locks per (run, task) itself: two workers never duplicate work
         out = {}
         for metric in metrics:
             task, mode, name = metric.split("/")
