@@ -137,6 +137,19 @@ def _per_seed(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return tidy.groupby([*by, "pretrain_seed"], dropna=False)["value"].mean().reset_index()
 
 
+def _pretrained_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Pre-trained rows, one per unit: the pre-training seed, or, in a group with a single
+    pre-training seed, its fine-tune seeds (what the comparison can then speak for is that one
+    checkpoint, not the pre-training recipe; `baseline_gain` says so in its words)."""
+    if tidy.empty:
+        return pd.DataFrame(columns=[*by, "pretrain_seed", "value"])
+    n_seeds = tidy.groupby(by, dropna=False)["pretrain_seed"].transform("nunique")
+    t = tidy.assign(unit=np.where(n_seeds > 1, tidy["pretrain_seed"].astype(str),
+                                  "ft" + tidy["finetune_seed"].astype(str)))
+    t = t.groupby([*by, "unit"], dropna=False)["value"].mean().reset_index()
+    return t.rename(columns={"unit": "pretrain_seed"})
+
+
 def _random_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Random-init rows, one per independent unit.
 
@@ -200,7 +213,8 @@ def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
 def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
     """What pre-training bought: pretrained minus random-init, per task/mode/metric and factor level.
 
-    Unpaired (the baseline has no pre-training seed), so the CI is a two-sample bootstrap.
+    Unpaired (the baseline has no pre-training seed), so the CI is a two-sample bootstrap. The unit is
+    the pre-training seed; a level with one pre-training seed falls back to its fine-tune seeds.
     """
     by = ["task", "mode", "metric", *factor_keys]
     t = tidy[tidy["task"] != "pretrain"]
@@ -208,7 +222,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
             "p_value", "interpretation"]
     if t.empty or not (t["init"] == "random").any():
         return pd.DataFrame(columns=cols)
-    pre = _per_seed(t[t["init"] == "pretrained"], by)
+    pre = _pretrained_units(t[t["init"] == "pretrained"], by)
     rnd = _random_units(t, by)
     rows = []
     for key, g in pre.groupby(by, dropna=False):
@@ -222,7 +236,9 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         # Same rule as interpret(): the CI must exclude 0 AND a t-test (Welch, unpaired) must agree.
         p = float(stats.ttest_ind(g["value"], r["value"], equal_var=False).pvalue) \
             if len(g) > 1 and len(r) > 1 else float("nan")
-        sizes = f"n={len(g)} pre-trained, {len(r)} random"
+        one_model = str(g["pretrain_seed"].iloc[0]).startswith("ft")
+        sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if one_model
+                 else f"n={len(g)} pre-trained, {len(r)} random")
         if not (np.isfinite(lo) and np.isfinite(hi)):
             words = f"not enough seeds for a CI ({sizes})"
         elif lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):

@@ -169,7 +169,14 @@ def answer_sentence(sf: StudyFiles) -> dict:
         head = (f"best {', '.join(sf.factor_keys) or 'run'} for {what}: {best['level']} "
                 f"({fmt_value(best['mean'], metric)}, 95% CI {fmt_ci(best['ci_low'], best['ci_high'], metric)}, "
                 f"n={int(best['n'])} seeds)")
-        if rest.empty:
+        if rest.empty:  # one design point: what it can be compared with is the random-init baseline
+            b = sf.baseline
+            b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric)] if not b.empty else b
+            if not b.empty and _finite(b.iloc[0]["diff"]):
+                r = b.iloc[0]
+                return {"text": f"{head}; pre-trained minus random init: {fmt_diff(r['diff'], metric)}, 95% CI "
+                                f"{fmt_ci(r['ci_low'], r['ci_high'], metric, diff=True)}: {r['interpretation']}.",
+                        "kind": "baseline"}
             return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
         if not (_finite(best["ci_low"]) and _finite(best["ci_high"])):
             return {"text": head + ": not enough seeds for a CI.", "kind": "levels"}

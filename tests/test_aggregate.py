@@ -121,6 +121,31 @@ def test_one_random_baseline_per_seed_is_the_unit(tmp_path):
     assert np.isfinite(base["p_value"].iloc[0])  # Welch t-test beside the bootstrap CI
 
 
+def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
+    """A study with ONE pre-training seed (ablations/pretrain_vs_random.yaml) still gets a CI against
+    the random-init baseline: the unit falls back to fine-tune seeds, and the words say that the
+    comparison speaks for that one checkpoint."""
+    import sys
+    from pathlib import Path
+    import pandas as pd
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    runs = [rf._run(layout, "r0", "pretrained", 0, {}, ppl=100.0, acc=0.7, rng=np.random.default_rng(2),
+                    tasks=("SST-2",))]
+    plan = {"name": "t", "runs": runs, "finetune_hash": "ft", "compare": None, "primary_metric": "ref_ppl"}
+    base = pd.read_csv(aggregate_study(plan, layout) / "baseline.csv")
+    row = base[base["mode"] == "finetune"].iloc[0]
+    assert row["n_pretrained"] == 2 and row["n_random"] == 3  # 2 fine-tune seeds vs 3 baseline seeds
+    assert row["ci_low"] > 0 and "fine-tuning seeds of one pre-trained model" in row["interpretation"]
+    assert "raises it beyond seed noise" in row["interpretation"]
+    # with one design point, the report's one-sentence answer is that comparison
+    from study.report import answer_sentence, load_study_dir
+    plan["primary_metric"] = "SST-2/finetune/accuracy"
+    ans = answer_sentence(load_study_dir(aggregate_study(plan, layout)))
+    assert ans["kind"] == "baseline" and "pre-trained minus random init: +" in ans["text"], ans
+
+
 def test_study_metrics_file_for_dvc(tmp_path):
     """results/metrics/study-<name>.json (the aggregate stage's DVC metric) holds the answer and the
     primary metric per level, as strict JSON (no NaN)."""
