@@ -210,6 +210,16 @@ def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _replicates(units: pd.DataFrame) -> pd.DataFrame:
+    """Fine-tune-seed units that all scored exactly the same are one measurement, not several: a
+    deterministic procedure (the logistic probe on frozen features ignores the seed) repeated is not a
+    replicate, and counting it would give a zero-width CI and p = 0."""
+    ft = units["pretrain_seed"].astype(str).str.startswith("ft")
+    if len(units) > 1 and ft.all() and units["value"].nunique() == 1:
+        return units.iloc[:1]
+    return units
+
+
 def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
     """What pre-training bought: pretrained minus random-init, per task/mode/metric and factor level.
 
@@ -232,6 +242,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         r = rnd[sel]
         if r.empty:
             continue
+        g, r = _replicates(g), _replicates(r)
         lo, hi = bootstrap_diff_ci(g["value"], r["value"])
         # Same rule as interpret(): the CI must exclude 0 AND a t-test (Welch, unpaired) must agree.
         p = float(stats.ttest_ind(g["value"], r["value"], equal_var=False).pvalue) \

@@ -133,12 +133,20 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
     runs = [rf._run(layout, "r0", "pretrained", 0, {}, ppl=100.0, acc=0.7, rng=np.random.default_rng(2),
                     tasks=("SST-2",))]
+    for key, init, v, seeds in (("r0", "pretrained", 0.65, (0, 1)), ("random-base", "random", 0.55, (0, 1, 2))):
+        for fs in seeds:  # a probe that ignores its seed: the same score every time
+            rf._w(layout.finetune_dir(key) / "SST-2" / "ft" / f"probe-seed{fs}.json",
+                  {"run_key": key, "task": "SST-2", "mode": "probe", "init": init, "seed": fs,
+                   "metrics": {"accuracy": v}, "primary_metric": "accuracy", "primary": v})
     plan = {"name": "t", "runs": runs, "finetune_hash": "ft", "compare": None, "primary_metric": "ref_ppl"}
     base = pd.read_csv(aggregate_study(plan, layout) / "baseline.csv")
     row = base[base["mode"] == "finetune"].iloc[0]
     assert row["n_pretrained"] == 2 and row["n_random"] == 3  # 2 fine-tune seeds vs 3 baseline seeds
     assert row["ci_low"] > 0 and "fine-tuning seeds of one pre-trained model" in row["interpretation"]
     assert "raises it beyond seed noise" in row["interpretation"]
+    # the probe ignores its seed here (identical scores): one measurement per side, so no CI
+    probe = base[base["mode"] == "probe"].iloc[0]
+    assert probe["n_pretrained"] == 1 and probe["n_random"] == 1 and "not enough seeds" in probe["interpretation"]
     # with one design point, the report's one-sentence answer is that comparison
     from study.report import answer_sentence, load_study_dir
     plan["primary_metric"] = "SST-2/finetune/accuracy"
