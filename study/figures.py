@@ -77,7 +77,7 @@ def _canon(v) -> str:
 def run_labels(plan: dict, keys: list[str]) -> dict[tuple, str] | None:
     """Factor values -> the spec's run label, when the spec names its design points by label
     (`x: label` or `compare.factor: label`, i.e. explicit `runs:`) and the mapping is one to one."""
-    if "label" not in (plan.get("x"), (plan.get("compare") or {}).get("factor")) or not keys:
+    if "label" not in (plan.get("x"), (plan.get("compare") or {}).get("factor")):
         return None
     out: dict[tuple, str] = {}
     for r in plan.get("runs", []):
@@ -116,7 +116,10 @@ def _fmt_level(v) -> str:
 
 def with_levels(df: pd.DataFrame, keys: list[str], names: dict[tuple, str] | None = None) -> pd.DataFrame:
     df = df.copy()
-    df["level"] = [level_label(r, keys, names) for r in df[keys].to_dict("records")] if keys else "base"
+    if not keys:  # one design point: its run label (e.g. "pretrained") when the spec named it
+        df["level"] = (names or {}).get((), "base")
+        return df
+    df["level"] = [level_label(r, keys, names) for r in df[keys].to_dict("records")]
     return df
 
 

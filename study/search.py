@@ -617,8 +617,8 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
             finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
             bar.n = min(finished, n_trials or finished)
             bar.refresh()
-            if n_trials is not None and finished >= n_trials:
-                break
+            if n_trials is not None and finished >= n_trials and not counts[TrialState.WAITING]:
+                break  # a re-queued trial of a dead worker still runs: a retry is never left behind
             if search.sampler.kind == "grid" and ostudy.sampler.is_exhausted(ostudy) and \
                     not counts[TrialState.WAITING] and not counts[TrialState.RUNNING]:
                 break
