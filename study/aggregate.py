@@ -137,17 +137,25 @@ def _per_seed(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return tidy.groupby([*by, "pretrain_seed"], dropna=False)["value"].mean().reset_index()
 
 
-def _pretrained_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Pre-trained rows, one per unit: the pre-training seed, or, in a group with a single
-    pre-training seed, its fine-tune seeds (what the comparison can then speak for is that one
-    checkpoint, not the pre-training recipe; `baseline_gain` says so in its words)."""
-    if tidy.empty:
+FT_UNIT = "ft"  # prefix of a unit that is one fine-tune seed (of a single model) rather than a model
+
+
+def _units_of(rows: pd.DataFrame, by: list[str], source: str) -> pd.DataFrame:
+    """One row per independent unit: the `source` (a model) when a group has several, else the single
+    model's fine-tune seeds. Returned with the unit in the `pretrain_seed` column."""
+    if rows.empty:
         return pd.DataFrame(columns=[*by, "pretrain_seed", "value"])
-    n_seeds = tidy.groupby(by, dropna=False)["pretrain_seed"].transform("nunique")
-    t = tidy.assign(unit=np.where(n_seeds > 1, tidy["pretrain_seed"].astype(str),
-                                  "ft" + tidy["finetune_seed"].astype(str)))
-    t = t.groupby([*by, "unit"], dropna=False)["value"].mean().reset_index()
-    return t.rename(columns={"unit": "pretrain_seed"})
+    n = rows.groupby(by, dropna=False)[source].transform("nunique")
+    rows = rows.assign(unit=np.where(n > 1, rows[source].astype(str), FT_UNIT + rows["finetune_seed"].astype(str)))
+    rows = rows.groupby([*by, "unit"], dropna=False)["value"].mean().reset_index()
+    return rows.rename(columns={"unit": "pretrain_seed"})
+
+
+def _pretrained_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Pre-trained rows per unit: the pre-training seed, or, with a single pre-training seed, its
+    fine-tune seeds (the comparison then speaks for that checkpoint, not for the pre-training recipe;
+    `baseline_gain` says so in its words)."""
+    return _units_of(tidy, by, "pretrain_seed")
 
 
 def _random_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -159,13 +167,8 @@ def _random_units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     within it, as for pre-trained runs), else the single baseline's fine-tune seed.
     Returned with the unit in the `pretrain_seed` column so it lines up with `_per_seed`.
     """
-    r = tidy[tidy["init"] == "random"].drop_duplicates([*by, "source_key", "finetune_seed"])
-    if r.empty:
-        return pd.DataFrame(columns=[*by, "pretrain_seed", "value"])
-    n_src = r.groupby(by, dropna=False)["source_key"].transform("nunique")
-    r = r.assign(unit=np.where(n_src > 1, r["source_key"].astype(str), "ft" + r["finetune_seed"].astype(str)))
-    r = r.groupby([*by, "unit"], dropna=False)["value"].mean().reset_index()
-    return r.rename(columns={"unit": "pretrain_seed"})
+    return _units_of(tidy[tidy["init"] == "random"].drop_duplicates([*by, "source_key", "finetune_seed"]),
+                     by, "source_key")
 
 
 def _units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -210,12 +213,15 @@ def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _one_model(units: pd.DataFrame) -> bool:
+    return bool(units["pretrain_seed"].astype(str).str.startswith(FT_UNIT).all())
+
+
 def _replicates(units: pd.DataFrame) -> pd.DataFrame:
     """Fine-tune-seed units that all scored exactly the same are one measurement, not several: a
     deterministic procedure (the logistic probe on frozen features ignores the seed) repeated is not a
     replicate, and counting it would give a zero-width CI and p = 0."""
-    ft = units["pretrain_seed"].astype(str).str.startswith("ft")
-    if len(units) > 1 and ft.all() and units["value"].nunique() == 1:
+    if len(units) > 1 and _one_model(units) and units["value"].nunique() == 1:
         return units.iloc[:1]
     return units
 
@@ -247,8 +253,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         # Same rule as interpret(): the CI must exclude 0 AND a t-test (Welch, unpaired) must agree.
         p = float(stats.ttest_ind(g["value"], r["value"], equal_var=False).pvalue) \
             if len(g) > 1 and len(r) > 1 else float("nan")
-        one_model = str(g["pretrain_seed"].iloc[0]).startswith("ft")
-        sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if one_model
+        sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if _one_model(g)
                  else f"n={len(g)} pre-trained, {len(r)} random")
         if not (np.isfinite(lo) and np.isfinite(hi)):
             words = f"not enough seeds for a CI ({sizes})"

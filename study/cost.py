@@ -44,8 +44,6 @@ def estimate_seconds(cfg: RunConfig) -> float:
     """Pre-training wall time on this machine: the fastest of a few warm steps times the step count
     (other processes only ever slow a step down, so the minimum is the machine's own speed)."""
     import torch
-
-    from .model import build_model, pretraining_loss
     steps = planned_steps(cfg)
     if steps is None:
         return cfg.train.amount
@@ -57,14 +55,16 @@ def estimate_seconds(cfg: RunConfig) -> float:
         if cfg.impl.threads:
             torch.set_num_threads(cfg.impl.threads)
         try:
-            _STEP_TIMES[key] = _time_steps(cfg, build_model, pretraining_loss)
+            _STEP_TIMES[key] = _time_steps(cfg)
         finally:
             torch.set_num_threads(threads)
     return _STEP_TIMES[key] * steps
 
 
-def _time_steps(cfg: RunConfig, build_model, pretraining_loss, n: int = 6) -> float:
+def _time_steps(cfg: RunConfig, n: int = 6) -> float:
     import torch
+
+    from .model import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     model = build_model(cfg.model, vocab, True, cfg.impl)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
