@@ -253,10 +253,16 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path):
             path = Path(url[len("journal:"):].removeprefix("//"))
             if not path.parent.is_dir():
                 raise StudyError(f"journal folder {path.parent} does not exist", field="--storage", allowed=STORAGE_HELP)
-            from optuna.storages.journal import JournalFileBackend
+            from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+            # A worker killed while it holds the journal's lock file leaves it behind, and the others can't
+            # write heartbeats until they break it (optuna waits 30 s by default). Break it well inside the
+            # heartbeat grace (stall + one heartbeat interval < grace), or every live trial looks dead the
+            # moment the lock frees. A live writer holds the lock for one append, far less than a second.
+            lock_grace = max(1, (search.grace - search.heartbeat_interval) // 2)
+            lock = JournalFileSymlinkLock(str(path), grace_period=lock_grace)
             try:
-                return _storage_classes()(JournalFileBackend(str(path)), search.heartbeat_interval, search.grace,
-                                          callback)
+                return _storage_classes()(JournalFileBackend(str(path), lock_obj=lock), search.heartbeat_interval,
+                                          search.grace, callback)
             except (OSError, ValueError) as exc:
                 raise StudyError(f"can't open journal {path}: {exc}", field="--storage", allowed=STORAGE_HELP) from None
         if "://" not in url:
@@ -628,10 +634,13 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
                 continue
             try:
                 ostudy.optimize(objective, n_trials=1, catch=(Exception,))
-            except optuna.exceptions.UpdateFinishedTrialError as exc:
-                # our heartbeat was late (machine stalled) and another worker failed the trial as stale;
-                # it has been re-queued, so this is not an error of the study
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+                if not _failed_as_stale(exc):
+                    raise
+                # our heartbeat was late (machine or storage stalled) and another worker failed the trial as
+                # stale; it has been re-queued, so this is not an error of the study
                 print(f"warning: {exc} (failed as stale by another worker; re-queued)", file=sys.stderr)
+                continue  # not a failure of this worker's trial: the count of failures in a row stays
             last = max((t for t in ostudy.get_trials(deepcopy=False)
                         if t.user_attrs.get("worker") == f"{socket.gethostname()}:{os.getpid()}"),
                        key=lambda t: t.number, default=None)
@@ -643,6 +652,14 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
         bar.close()
         export_trials(ostudy, out_dir / "trials.csv")
     return ostudy
+
+
+def _failed_as_stale(exc: Exception) -> bool:
+    """optuna's two ways of saying our trial was already finished by someone else: a write to it
+    (UpdateFinishedTrialError), or the final tell after the objective failed ("Cannot tell a FAIL trial")."""
+    import optuna
+    return isinstance(exc, optuna.exceptions.UpdateFinishedTrialError) or \
+        str(exc).startswith("Cannot tell a FAIL trial")
 
 
 # --------------------------------------------------------------------------- outputs

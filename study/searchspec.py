@@ -128,7 +128,8 @@ class SearchSpec(_Strict):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     best_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     # Dead-worker detection: a running trial whose heartbeat is older than grace_period is failed
-    # and re-queued (at most max_retry times). grace_period defaults to 3 heartbeats.
+    # and re-queued (at most max_retry times). grace_period defaults to 3 heartbeats. On journal
+    # storage, a lock file left by a killed worker is broken after (grace - interval) / 2 s (search.py).
     heartbeat_interval: int = Field(default=10, ge=1)
     grace_period: int | None = Field(default=None, ge=1)
     max_retry: int = Field(default=2, ge=0)

@@ -324,6 +324,49 @@ def test_search_best_writes_a_spec_that_retrains_the_best(searched, results, tmp
     assert info["number"] == ostudy.best_trial.number
 
 
+def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_path, corpus, results):
+    """Another worker failed our trial as stale (our heartbeat was late: a stalled machine or a journal lock
+    left by a killed worker). Our next write raises, optuna's tell then says "Cannot tell a FAIL trial":
+    the worker warns and goes on to its next trial instead of dying with exit 1 (a CI failure seen under load)."""
+    import optuna
+    from optuna.trial import TrialState
+    from study.search import open_storage, run_search
+    from study.searchspec import SearchSpec
+    from study.train import train_run
+    search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
+    spec = write_spec(tmp_path / "stale.yaml", corpus, search)
+    url = f"journal://{tmp_path}/stale.log"
+    calls = []
+
+    def train_fn(cfg, layout, quiet, on_eval):
+        calls.append(cfg.run_hash())
+        if len(calls) == 1:   # what fail_stale_trials in another worker does to our running trial
+            other = open_storage(url, SearchSpec.model_validate(search), tmp_path)
+            (ost,) = [optuna.load_study(study_name=s.study_name, storage=other) for s in other.get_all_studies()]
+            (t,) = ost.get_trials(states=(TrialState.RUNNING,))
+            other.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            other.get_heartbeat_stale_trial_callback()(ost, other.get_trial(t._trial_id))  # re-queue it
+            on_eval(1, 1, {"ref_mlm_loss": 5.0})   # our next write: UpdateFinishedTrialError
+        return train_run(cfg, layout, quiet=quiet, on_eval=on_eval)
+
+    ostudy = run_search(spec, storage=url, layout=Layout(root=results), quiet=True, train_fn=train_fn)
+    dead, retry = ostudy.get_trials()
+    assert dead.state == TrialState.FAIL and retry.state == TrialState.COMPLETE and len(calls) == 2
+    assert retry.system_attrs["failed_trial"] == dead.number and retry.params == dead.params
+
+
+def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tmp_path):
+    """While a dead worker's lock file stands, nobody can write a heartbeat; if breaking it took longer
+    than the heartbeat grace (optuna's default lock grace is 30 s, ours 3 heartbeats = 30 s too), every
+    live trial would look dead the moment it frees."""
+    from study.search import open_storage
+    from study.searchspec import SearchSpec
+    for hb, grace in ((1, None), (10, None), (60, None), (2, 6), (1, 4)):
+        search = SearchSpec.model_validate(tiny_search(heartbeat_interval=hb, grace_period=grace))
+        lock = open_storage(f"journal://{tmp_path}/j{hb}.log", search, tmp_path)._backend._lock
+        assert lock.grace_period + hb < search.grace, (hb, lock.grace_period, search.grace)
+
+
 # --------------------------------------------------------------------------- slower single-worker paths
 @pytest.mark.slow
 def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
@@ -444,7 +487,7 @@ def test_three_workers_share_a_study_and_survive_a_killed_worker(tmp_path, corpu
     procs.remove(killed)
     procs.append(_worker(spec, results, url, 6, tmp_path / "restart.log"))   # the worker comes back
     for p in procs:
-        assert p.wait(timeout=600) == 0, p.args
+        assert p.wait(timeout=600) == 0, _logs(tmp_path)
     trials = load_trials(url, name)
     _check_complete(trials, 6, 3)
     workers = {t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials if "worker" in t.user_attrs}
@@ -463,6 +506,12 @@ def test_three_workers_share_a_study_and_survive_a_killed_worker(tmp_path, corpu
     # no run was trained by two trials: one session per trial that trained it
     for h in {t.user_attrs["run_hash"] for t in trials}:
         assert len(_starts(results / "runs" / h)) == sum(t.user_attrs.get("run_hash") == h for t in trials)
+
+
+def _logs(folder: Path) -> str:
+    """Every worker's log, so a failing worker says why in the test report."""
+    return "\n".join(f"--- {f.name}\n{f.read_text()[-4000:]}" for f in sorted(folder.glob("*.log"))
+                     if f.name != "search.log")  # that one is the journal storage
 
 
 def _starts(run_dir: Path) -> list[dict]:
