@@ -64,6 +64,8 @@ def interpret(lo: float, hi: float, n: int, p: float = float("nan"), a: str = "a
     """
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return f"not enough seeds for a CI (n={n})"
+    if lo == hi == 0:  # e.g. the parameter count of two arms that differ only in masking
+        return f"equal in every seed (n={n})"
     if lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):
         return f"{NOISE_WORDS} at n={n} seeds"
     return f"{b} {'higher' if lo > 0 else 'lower'} than {a} beyond seed noise at n={n} seeds"

@@ -21,6 +21,7 @@ def test_wording():
     assert NOISE_WORDS in interpret(-0.1, 0.3, 3, 0.4)
     assert NOISE_WORDS in interpret(0.1, 0.3, 3, 0.09)  # CI excludes 0 but the test disagrees
     assert interpret(0.1, 0.3, 5, 0.01, "nsp", "none").startswith("none higher than nsp")
+    assert interpret(0.0, 0.0, 3, float("nan")) == "equal in every seed (n=3)"  # not "noise"
 
 
 def _fake_run(layout, h, sentence, seed, ppl, acc):
