@@ -257,7 +257,7 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path):
             # A worker killed while it holds the journal's lock file leaves it behind, and the others can't
             # write heartbeats until they break it (optuna waits 30 s by default). Break it well inside the
             # heartbeat grace (stall + one heartbeat interval < grace), or every live trial looks dead the
-            # moment the lock frees. A live writer holds the lock for one append, far less than a second.
+            # moment the lock frees. A live writer holds the lock only for one append of a few lines.
             lock_grace = max(1, (search.grace - search.heartbeat_interval) // 2)
             lock = JournalFileSymlinkLock(str(path), grace_period=lock_grace)
             try:
