@@ -20,6 +20,7 @@ import copy
 import csv
 import io
 import json
+import logging
 import math
 import os
 import socket
@@ -27,6 +28,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -409,6 +411,12 @@ class Objective:
 
     def __call__(self, trial) -> float:
         import optuna
+        if self.search.sampler.kind == "grid":
+            holder = _grid_point_holder(trial)
+            if holder is not None:
+                trial.set_user_attr("duplicate_of", holder)
+                raise GridPointTaken(f"grid point already held by trial {holder}; this duplicate (racing workers "
+                                     f"both started one) stands aside and is not counted")
         params = {}
         for key, p in self.search.params.items():
             params[key] = self._suggest(trial, key, p)
@@ -607,6 +615,7 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
     store = open_storage(storage, search, out_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING if quiet else optuna.logging.INFO)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    logging.getLogger("optuna.study._optimize").addFilter(_one_line_for_duplicates)
     ostudy = create_or_load(store, study, search, base)
     objective = Objective(study, search, layout, quiet=True if quiet else not sys.stderr.isatty(),
                           train_fn=train_fn, finetune_fn=finetune_fn)
@@ -625,9 +634,12 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
             bar.refresh()
             if n_trials is not None and finished >= n_trials and not counts[TrialState.WAITING]:
                 break  # a re-queued trial of a dead worker still runs: a retry is never left behind
-            if search.sampler.kind == "grid" and ostudy.sampler.is_exhausted(ostudy) and \
-                    not counts[TrialState.WAITING] and not counts[TrialState.RUNNING]:
-                break
+            if search.sampler.kind == "grid" and not counts[TrialState.WAITING] and not _grid_open_points(ostudy):
+                if not counts[TrialState.RUNNING]:
+                    break  # every point was run
+                # a new trial would only duplicate a running point; wait (a dead holder's retry comes as WAITING)
+                time.sleep(min(search.heartbeat_interval, 2))
+                continue
             if n_trials is not None and not counts[TrialState.WAITING] and \
                     finished + counts[TrialState.RUNNING] >= n_trials:
                 time.sleep(min(search.heartbeat_interval, 2))  # others are finishing the last trials
@@ -644,6 +656,8 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
             last = max((t for t in ostudy.get_trials(deepcopy=False)
                         if t.user_attrs.get("worker") == f"{socket.gethostname()}:{os.getpid()}"),
                        key=lambda t: t.number, default=None)
+            if last is not None and "duplicate_of" in last.user_attrs:
+                continue  # stood aside for another trial on its grid point: neither a failure nor a success
             failures = failures + 1 if last is not None and last.state == TrialState.FAIL else 0
             if failures >= 3:
                 raise StudyError(f"3 trials in a row failed in this worker; last: "
@@ -662,9 +676,56 @@ def _failed_as_stale(exc: Exception) -> bool:
         str(exc).startswith("Cannot tell a FAIL trial")
 
 
+class GridPointTaken(Exception):
+    """A grid trial whose point another live or finished trial already holds (see _grid_point_holder)."""
+
+
+def _grid_point_holder(trial) -> int | None:
+    """The trial that holds this trial's grid point, if another one does; None if this trial should run it.
+
+    Racing workers can put two trials on one grid point: two that both saw a free slot (optuna's
+    GridSampler then re-deals a started point), two that both saw a re-queued trial (one pops it, the
+    other creates a new trial), or two stale-trial retries of the same dead trial (SQLite reads the
+    state before it locks, so two workers can both fail it). Both would train or reuse the same run and
+    the point would be counted twice. The holder is one that finished (complete or pruned), or the one
+    that started first among the running ones - an order every worker sees the same way, so exactly
+    one of two racing trials goes on, and one whose holder dies gets the holder's retry.
+    """
+    from optuna.trial import TrialState
+    storage, study_id = trial.study._storage, trial.study._study_id
+    me = storage.get_trial(trial._trial_id)
+    point = me.system_attrs.get("grid_id")
+    if point is None:
+        return None
+    def key(t):  # the order every worker sees the same way (worker clocks must agree, as for heartbeats)
+        return (t.datetime_start or datetime.max, t.number)
+    for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                       TrialState.RUNNING)):
+        if t.number == me.number or t.system_attrs.get("grid_id") != point:
+            continue
+        if t.state != TrialState.RUNNING or key(t) < key(me):
+            return t.number
+    return None
+
+
+def _one_line_for_duplicates(record: logging.LogRecord) -> bool:
+    """optuna logs a failed trial with its traceback; a duplicate standing aside is expected: one line."""
+    if record.exc_info and isinstance(record.exc_info[1], GridPointTaken):
+        record.exc_info = None
+    return True
+
+
+def _grid_open_points(ostudy) -> set[int]:
+    """Grid points no trial holds yet (finished, failed, running or queued; duplicates don't hold one)."""
+    n = len(ostudy.sampler._all_grids)
+    held = {t.system_attrs.get("grid_id") for t in ostudy.get_trials(deepcopy=False)
+            if "duplicate_of" not in t.user_attrs}
+    return set(range(n)) - held
+
+
 # --------------------------------------------------------------------------- outputs
 TRIAL_COLUMNS = ["number", "state", "value", "params", "run_hash", "tokens", "tokens_total", "reused",
-                 "retry_of", "worker", "datetime_start", "datetime_complete"]
+                 "retry_of", "duplicate_of", "worker", "datetime_start", "datetime_complete"]
 
 
 def trials_rows(ostudy) -> list[dict]:
@@ -675,7 +736,8 @@ def trials_rows(ostudy) -> list[dict]:
             "number": t.number, "state": t.state.name, "value": t.value,
             "params": json.dumps(_tidy_params(t.params), sort_keys=True), "run_hash": ua.get("run_hash"),
             "tokens": ua.get("tokens"), "tokens_total": ua.get("tokens_total"), "reused": ua.get("reused"),
-            "retry_of": t.system_attrs.get("failed_trial"), "worker": ua.get("worker"),
+            "retry_of": t.system_attrs.get("failed_trial"), "duplicate_of": ua.get("duplicate_of"),
+            "worker": ua.get("worker"),
             "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
             "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
             **{f"param.{k}": v for k, v in _tidy_params(t.params).items()},
