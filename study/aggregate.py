@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io as _io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,17 @@ def interpret(lo: float, hi: float, n: int, p: float = float("nan"), a: str = "a
     return f"{b} {'higher' if lo > 0 else 'lower'} than {a} beyond seed noise at n={n} seeds"
 
 
+def learned_beyond_mode(acc: Any, floor: Any, n: Any) -> bool | None:
+    """Did a run learn more than its reference set's most frequent token? True when its reference
+    accuracy beats always predicting that token (`ref_mode_acc`) by more than 3 binomial standard
+    errors over the n asked positions. False flags a collapsed run (deep post-LN models at too high an
+    lr predict one token everywhere): comparing it with others measures the failure, not the factor.
+    None when the run predates the floor or has no accuracy."""
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (acc, floor, n)) or n <= 0:
+        return None
+    return bool(acc - floor > 3 * math.sqrt(floor * (1 - floor) / n))
+
+
 def _read_history(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -104,7 +116,10 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                      "tokens_per_s": metrics.get("tokens_per_s"), "wall_s": meta.get("wall_s"),
                      "device": meta.get("device"), "data_hash": meta.get("data_hash"),
                      "tokens_seen": metrics.get("tokens_seen"), "steps": metrics.get("steps"),
-                     "mfu": metrics.get("mfu"), "baseline_key": r.get("baseline_key"), "seed": r["seed"]})
+                     "mfu": metrics.get("mfu"), "baseline_key": r.get("baseline_key"), "seed": r["seed"],
+                     "ref_mlm_acc": metrics.get("ref_mlm_acc"), "ref_mode_acc": metrics.get("ref_mode_acc"),
+                     "learned": learned_beyond_mode(metrics.get("ref_mlm_acc"), metrics.get("ref_mode_acc"),
+                                                    metrics.get("ref_masked"))})
         if status == "done":
             for m in (*PRETRAIN_METRICS, *COST_METRICS):
                 if isinstance(metrics.get(m), (int, float)) and not isinstance(metrics.get(m), bool):
@@ -314,8 +329,10 @@ def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer:
         ans = {k: _num(answer.get(k)) for k in ("diff", "ci_low", "ci_high", "n", "p_value", "mean_a", "mean_b")}
         ans.update({"a": str(answer.get("a")), "b": str(answer.get("b")),
                     "interpretation": answer.get("interpretation")})
+    collapsed = int((runs["learned"] == False).sum()) if "learned" in runs else 0  # noqa: E712 - None is unknown
     return {"study": plan["name"], "primary_metric": plan.get("primary_metric"),
-            "runs": {"total": int(len(runs)), **{str(k): int(v) for k, v in status.items()}},
+            "runs": {"total": int(len(runs)), **{str(k): int(v) for k, v in status.items()},
+                     "not_beyond_mode": collapsed},
             "answer": ans, "primary": primary}
 
 

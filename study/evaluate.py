@@ -115,6 +115,14 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
             "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count}
 
 
+def mode_accuracy(es: EvalSet) -> float:
+    """Accuracy of always predicting the set's most frequent asked token: the floor a run must beat to
+    have learned more than that one token. A collapsed model (every position -> the same token)
+    scores exactly this; see aggregate.learned_beyond_mode."""
+    asked = es.labels[es.labels != -100]
+    return float(torch.bincount(asked).max()) / asked.numel() if asked.numel() else float("nan")
+
+
 def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
              autocast=contextlib.nullcontext, sparse: bool = True) -> dict:
     """Reference MLM loss/accuracy/perplexity (+ NSP/SOP accuracy). Leaves the model's mode as it was."""
@@ -128,6 +136,7 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
     return {
         "ref_mlm_loss": r["loss"],
         "ref_mlm_acc": r["acc"],
+        "ref_mode_acc": mode_accuracy(ref),  # the constant-prediction floor of ref_mlm_acc
         # exp of a mean NLL; capped so a diverging early model does not overflow to inf in JSON
         "ref_ppl": math.exp(min(r["loss"], 700.0)) if math.isfinite(r["loss"]) else float("nan"),
         "sentence_acc": s["sentence_acc"] if s is not None else None,

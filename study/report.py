@@ -373,10 +373,28 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
 def _problem_runs(sf: StudyFiles) -> dict:
     r = sf.runs
     if r.empty:
-        return {"bad": [], "pending": []}
+        return {"bad": [], "pending": [], "collapsed": []}
     rec = _records(r)
     return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
-            "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")]}
+            "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
+            "collapsed": _collapsed(rec)}
+
+
+def _collapsed(rec: list[dict]) -> list[dict]:
+    """Finished runs whose reference accuracy does not beat always predicting the most frequent token
+    (aggregate.learned_beyond_mode; runs.csv reads the flag back as a bool or a string)."""
+    return [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"]
+
+
+def collapse_warning(sf: StudyFiles) -> str | None:
+    """One sentence for the top of the report when some runs learned nothing beyond one token."""
+    bad = _collapsed(_records(sf.runs)) if not sf.runs.empty else []
+    if not bad:
+        return None
+    labels = sorted({str(x.get("label")) for x in bad})
+    return (f"Warning: {len(bad)} of {len(sf.runs)} runs ({', '.join(labels)}) score no better on the reference "
+            f"MLM than always predicting the most frequent token: they collapsed or did not train, so a "
+            f"difference involving them measures that failure, not the factor (see Problems).")
 
 
 def _provenance(sf: StudyFiles) -> dict:
@@ -458,17 +476,19 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
                  "src": _data_uri(f.png) if f.png else None,
                  "files": [p.name for p in (f.png, f.svg) if p]} for f in files]
     answer = answer_sentence(sf)
+    warning = collapse_warning(sf)
     plan = sf.plan
     html = _env().get_template("report.html").render(
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
-        answer=answer, factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
+        answer=answer, warning=warning, factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
         baseline=_baseline_rows(sf), figures=figs, references=sections, problems=_problem_runs(sf),
         provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     atomic_write_text(out_dir / "index.html", html)
     atomic_write_json(out_dir / "report.json", {"name": plan["name"], "question": plan.get("question"),
-                                                "answer": answer["text"], "kind": plan.get("kind"),
+                                                "answer": answer["text"], "warning": warning,
+                                                "kind": plan.get("kind"),
                                                 "runs": len(sf.runs), "figures": [f["name"] for f in figs
                                                                                   if f["src"]]})
     return out_dir / "index.html"

@@ -166,6 +166,6 @@ def test_study_metrics_file_for_dvc(tmp_path):
     aggregate_study(plan, layout)
     text = (layout.root / "metrics" / "study-t.json").read_text()
     m = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
-    assert m["runs"] == {"total": 4, "done": 4}
+    assert m["runs"] == {"total": 4, "done": 4, "not_beyond_mode": 0}
     assert m["answer"]["a"] == "nsp" and m["answer"]["n"] == 2 and m["answer"]["diff"] == pytest.approx(0.0)
     assert set(m["primary"]) == {"objective.sentence=nsp", "objective.sentence=none"}

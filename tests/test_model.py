@@ -131,3 +131,25 @@ def test_flops_formula():
 def test_tiny_vocab_rejected():
     with pytest.raises(StudyError, match="tokenizer.vocab_size"):
         build_model(CFG, 4, True, ImplConfig())
+
+
+def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
+    """ref_mode_acc is what a collapsed model (the same token everywhere) scores; a run must beat it to
+    have learned anything else. Forced here through the MLM decoder bias, for the mode and another token."""
+    from study.evaluate import EvalSet, evaluate, mode_accuracy
+    b = batch()
+    b["labels"][0, :6] = 7                       # make token 7 the clear mode of the asked tokens
+    b["input_ids"][0, :6] = 4
+    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
+                 token_type_ids=b["token_type_ids"], sentence_label=None)
+    asked = b["labels"][b["labels"] != -100]
+    floor = mode_accuracy(es)
+    assert floor == pytest.approx((asked == 7).float().mean().item()) and floor > 1 / VOCAB
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
+    for token, expected in ((7, floor), (9, (asked == 9).float().mean().item())):
+        with torch.no_grad():
+            m.cls.predictions.bias.zero_()
+            m.cls.predictions.bias[token] = 1e4      # every position -> `token`
+        r = evaluate(m, es, None, torch.device("cpu"))
+        assert r["ref_mode_acc"] == pytest.approx(floor)
+        assert r["ref_mlm_acc"] == pytest.approx(expected)

@@ -206,6 +206,36 @@ def test_label_compared_study_matches_papers_row_by_row(rendered):
     assert "doc_sentences" not in albert.split("Matched levels")[1].split("</table>")[0].split("<table>")[1]
 
 
+def test_collapsed_runs_are_flagged_at_the_top_and_listed(rendered):
+    """A finished run no better than always predicting the most frequent token (the depth cpu study's deep
+    models at lr 2e-3) is flagged in runs.csv, warned about under the answer and listed with its floor;
+    healthy studies carry no warning."""
+    out, html, study_dir = rendered("depth")
+    runs = pd.read_csv(study_dir / "runs.csv")
+    done = runs[runs["status"] == "done"]
+    assert done.set_index("run_hash")["learned"].to_dict() == {h: h != "L4s2" for h in done["run_hash"]}
+    assert runs[runs["status"] != "done"]["learned"].isna().all()
+    warning = re.search(r'id="collapse-warning">([^<]+)<', html).group(1)
+    assert warning.startswith(f"Warning: 1 of {len(runs)} runs (model.layers=4) score no better")
+    problems = html.split('id="problems"')[1].split("<h2")[0]
+    assert re.search(r"L4s2</td><td class=\"num bad\">5\.1%</td><td class=\"num\">5\.0%", problems)
+    assert json.loads((out.parent / "report.json").read_text())["warning"] == warning.replace("&#39;", "'")
+    metrics = json.loads((study_dir.parents[1] / "metrics" / "study-fixture-depth.json").read_text())  # dvc metrics
+    assert metrics["runs"]["not_beyond_mode"] == 1
+    for kind in ("nsp", "replacement"):
+        assert 'id="collapse-warning"' not in rendered(kind, **({"evil": True} if kind == "nsp" else {}))[1]
+
+
+def test_a_run_beats_the_mode_floor_only_beyond_three_standard_errors():
+    from study.aggregate import learned_beyond_mode
+    se = (0.05 * 0.95 / 10_000) ** 0.5
+    assert learned_beyond_mode(0.05 + 3.1 * se, 0.05, 10_000) is True
+    assert learned_beyond_mode(0.05 + 2.9 * se, 0.05, 10_000) is False
+    assert learned_beyond_mode(0.04, 0.05, 10_000) is False
+    assert learned_beyond_mode(0.3, None, 10_000) is None          # a run from before the floor was recorded
+    assert learned_beyond_mode(float("nan"), 0.05, 10_000) is None
+
+
 def test_answer_without_compare_names_best_level_and_noise(rendered):
     """Multi-level studies answer with the best level, its CI, and whether other levels' CIs overlap it."""
     _, html, _ = rendered("replacement")
