@@ -355,7 +355,7 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     assert retry.system_attrs["failed_trial"] == dead.number and retry.params == dead.params
 
 
-def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus, results):
+def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus):
     """On SQLite two workers can both fail the same stale trial (the state is read before the write lock),
     so it is re-queued twice: the CI failure of stop 13 (a grid point finished twice). The second retry
     finds the point held by the first and stands aside, marked, without counting as a failure."""
@@ -381,8 +381,11 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus,
             on_eval(1, 1, {"ref_mlm_loss": 5.0})   # our next write: UpdateFinishedTrialError
         return train_run(cfg, layout, quiet=quiet, on_eval=on_eval)
 
-    ostudy = run_search(spec, storage=url, layout=Layout(root=results), quiet=True, train_fn=train_fn)
+    # its own results folder: a run another test already finished would be reused without training,
+    # and the simulated stale failure (inside train_fn) would never happen
+    ostudy = run_search(spec, storage=url, layout=Layout(root=tmp_path / "results"), quiet=True, train_fn=train_fn)
     trials = ostudy.get_trials()
+    assert calls, "train_fn never ran: nothing was tested"
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert sorted(t.params["masking.rate"] for t in done) == [0.15, 0.3], trials_rows(ostudy)
     dupes = [t for t in trials if "duplicate_of" in t.user_attrs]
