@@ -192,6 +192,9 @@ class ImplConfig(Strict):
     sparse_head: bool = True
     attention: Literal["eager", "sdpa"] = "eager"
     compile: bool = False
+    # One fused AdamW kernel (and one foreach gradient-norm) instead of a loop over parameter tensors:
+    # transformers' Trainer default too. The same update within float rounding (tests/test_train.py).
+    fused_optimizer: bool = True
     threads: int | None = Field(default=None, ge=1)
     workers: int = Field(default=0, ge=0)
     log_every: int = Field(default=10, ge=1)

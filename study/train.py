@@ -558,8 +558,10 @@ class _Trainer:
         self.model = build_model(cfg.model, vocab, cfg.objective.sentence != "none", cfg.impl,
                                  seed=cfg.seed).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
+        self.fused = cfg.impl.fused_optimizer and device.type in ("cpu", "cuda")  # where torch has the kernel
         self.opt = torch.optim.AdamW(_param_groups(self.model, cfg.train.weight_decay), lr=cfg.train.lr,
-                                     betas=(cfg.train.beta1, cfg.train.beta2), eps=cfg.train.eps)
+                                     betas=(cfg.train.beta1, cfg.train.beta2), eps=cfg.train.eps,
+                                     **({"fused": True} if self.fused else {}))
         self.schedule = Schedule(cfg.train.schedule, cfg.train.warmup)
         self.autocast = _autocast(device, resolve_precision(cfg.impl.precision, device))
         _seed_dropout(cfg.seed, dist.rank, device)
@@ -654,7 +656,8 @@ class _Trainer:
         gnorm = float("nan")
         if _finite(loss_sum):
             if cfg.train.clip > 0:
-                gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip))
+                gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.train.clip,
+                                                             foreach=self.fused or None))
             if cfg.train.clip == 0 or _finite(gnorm):
                 self.opt.step()
         return loss_sum, mlm_sum, sent_sum, gnorm, int(g_mlm), int(positions)

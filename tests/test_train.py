@@ -341,8 +341,8 @@ def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch
 
 # --------------------------------------------------------------------------- impl is speed-only
 def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
-    """sparse/full head x eager/SDPA attention (and a prefetch worker) give the same training curve;
-    all four share one run hash because impl is not semantic."""
+    """sparse/full head x eager/SDPA attention (and a prefetch worker), and fused vs looped AdamW, give the
+    same training curve; all share one run hash because impl is not semantic."""
     curves, hashes, evals, layout_of = {}, set(), {}, {}
     for sparse in (True, False):
         for attn in ("eager", "sdpa"):
@@ -353,6 +353,12 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
             hashes.add(cfg.run_hash())
             curves[(sparse, attn)] = np.array(losses(lay.run_dir(cfg.run_hash())))
             evals[(sparse, attn)] = m["ref_mlm_loss"]
+    # AdamW as a loop over parameter tensors (and a per-tensor gradient norm) instead of the fused kernels
+    cfg = make_cfg(corpus, train__amount=20, impl__fused_optimizer=False)
+    lay = layout_of["loop"] = layout("loop-adamw")
+    m = train_run(cfg, lay, quiet=True)
+    hashes.add(cfg.run_hash())
+    curves["loop"], evals["loop"] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
     assert len(hashes) == 1
     base = curves[(True, "eager")]
     assert len(base) == 20 and base[-1] < base[0]
