@@ -697,6 +697,7 @@ def _grid_point_holder(trial) -> int | None:
     point = me.system_attrs.get("grid_id")
     if point is None:
         return None
+
     def key(t):  # the order every worker sees the same way (worker clocks must agree, as for heartbeats)
         return (t.datetime_start or datetime.max, t.number)
     for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
