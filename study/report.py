@@ -393,8 +393,8 @@ def collapse_warning(sf: StudyFiles) -> str | None:
         return None
     labels = sorted({str(x.get("label")) for x in bad})
     return (f"Warning: {len(bad)} of {len(sf.runs)} runs ({', '.join(labels)}) score no better on the reference "
-            f"MLM than always predicting the most frequent token: they collapsed or did not train, so a "
-            f"difference involving them measures that failure, not the factor (see Problems).")
+            f"MLM than always predicting the most frequent token: they collapsed or have not trained long "
+            f"enough, so a difference involving them measures that, not the factor (see Problems).")
 
 
 def _provenance(sf: StudyFiles) -> dict:
