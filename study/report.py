@@ -386,13 +386,13 @@ def _collapsed(rec: list[dict]) -> list[dict]:
     return [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"]
 
 
-def collapse_warning(sf: StudyFiles) -> str | None:
-    """One sentence for the top of the report when some runs learned nothing beyond one token."""
-    bad = _collapsed(_records(sf.runs)) if not sf.runs.empty else []
+def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
+    """One sentence for the top of the report when some runs (`_problem_runs`'s collapsed) learned
+    nothing beyond one token."""
     if not bad:
         return None
     labels = sorted({str(x.get("label")) for x in bad})
-    return (f"Warning: {len(bad)} of {len(sf.runs)} runs ({', '.join(labels)}) score no better on the reference "
+    return (f"Warning: {len(bad)} of {n_runs} runs ({', '.join(labels)}) score no better on the reference "
             f"MLM than always predicting the most frequent token: they collapsed or have not trained long "
             f"enough, so a difference involving them measures that, not the factor (see Problems).")
 
@@ -476,12 +476,13 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
                  "src": _data_uri(f.png) if f.png else None,
                  "files": [p.name for p in (f.png, f.svg) if p]} for f in files]
     answer = answer_sentence(sf)
-    warning = collapse_warning(sf)
+    problems = _problem_runs(sf)
+    warning = collapse_warning(problems["collapsed"], len(sf.runs))
     plan = sf.plan
     html = _env().get_template("report.html").render(
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
         answer=answer, warning=warning, factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
-        baseline=_baseline_rows(sf), figures=figs, references=sections, problems=_problem_runs(sf),
+        baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
         provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))

@@ -634,7 +634,8 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
             bar.refresh()
             if n_trials is not None and finished >= n_trials and not counts[TrialState.WAITING]:
                 break  # a re-queued trial of a dead worker still runs: a retry is never left behind
-            if search.sampler.kind == "grid" and not counts[TrialState.WAITING] and not _grid_open_points(ostudy):
+            if search.sampler.kind == "grid" and not counts[TrialState.WAITING] and \
+                    not _grid_open_points(ostudy, trials):
                 if not counts[TrialState.RUNNING]:
                     break  # every point was run
                 # a new trial would only duplicate a running point; wait (a dead holder's retry comes as WAITING)
@@ -716,11 +717,10 @@ def _one_line_for_duplicates(record: logging.LogRecord) -> bool:
     return True
 
 
-def _grid_open_points(ostudy) -> set[int]:
+def _grid_open_points(ostudy, trials) -> set[int]:
     """Grid points no trial holds yet (finished, failed, running or queued; duplicates don't hold one)."""
     n = len(ostudy.sampler._all_grids)
-    held = {t.system_attrs.get("grid_id") for t in ostudy.get_trials(deepcopy=False)
-            if "duplicate_of" not in t.user_attrs}
+    held = {t.system_attrs.get("grid_id") for t in trials if "duplicate_of" not in t.user_attrs}
     return set(range(n)) - held
 
 
