@@ -195,6 +195,12 @@ class ImplConfig(Strict):
     # One fused AdamW kernel (and one foreach gradient-norm) instead of a loop over parameter tensors:
     # transformers' Trainer default too. The same update within float rounding (tests/test_train.py).
     fused_optimizer: bool = True
+    # How training dropout draws its keep masks. "bits": 32 random bits per element read from whole
+    # 64-bit words (study.model.bits_dropout), ~4x cheaper than torch's per-element bernoulli_ on CPU,
+    # where that was 22% of a step of config b; same Bernoulli(1-p) masks and arithmetic, another random
+    # stream (tests/test_model.py, tests/test_train.py). "auto": bits on CPU, torch's kernel elsewhere
+    # (CUDA's dropout is already a fused parallel kernel).
+    dropout_masks: Literal["auto", "torch", "bits"] = "auto"
     threads: int | None = Field(default=None, ge=1)
     workers: int = Field(default=0, ge=0)
     log_every: int = Field(default=10, ge=1)

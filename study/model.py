@@ -6,6 +6,11 @@ The speed trick lives in `pretraining_loss`: with `sparse=True` the MLM head (tr
 projection) runs only on the positions that carry a label, as in original BERT / cramming /
 academic-budget-bert; the vocab projection over every position is the single largest matmul
 of a small BERT, and 85% of its output would be thrown away.
+
+A second speed trick, for training on CPU: `use_bits_dropout` swaps the keep-mask draw of every
+dropout (hidden and attention probabilities) for one that reads 32 random bits per element from whole
+64-bit words. Same Bernoulli(1 - p) masks and the same arithmetic as torch's dropout; only the random
+stream that picks them differs (tests/test_model.py).
 """
 from __future__ import annotations
 
@@ -13,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertForPreTraining
+from transformers import AttentionInterface, BertConfig, BertForPreTraining
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from .config import ImplConfig, ModelConfig
 from .errors import StudyError
@@ -63,11 +70,14 @@ class LossOut:
 
 def pretraining_loss(model: BertForPreTraining, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      token_type_ids: torch.Tensor, labels: torch.Tensor,
-                     sentence_label: torch.Tensor | None = None, *, sparse: bool = True) -> LossOut:
+                     sentence_label: torch.Tensor | None = None, *, sparse: bool = True,
+                     accuracy: bool = True) -> LossOut:
     """MLM (+ NSP/SOP when `sentence_label` has entries >= 0) loss of one batch.
 
     The MLM loss is the mean over masked tokens of the batch in both modes, so sparse and
-    full heads give the same loss and the same gradients (tested).
+    full heads give the same loss and the same gradients (tested). `accuracy=False` skips the
+    argmax over the vocabulary (the training step never reads it; ~2% of a step of config b):
+    the correct counts are then 0.
     """
     out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     seq, pooled = out[0], out[1]
@@ -81,14 +91,14 @@ def pretraining_loss(model: BertForPreTraining, input_ids: torch.Tensor, attenti
         target = labels.flatten()
     mlm_loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE)
     valid = target != IGNORE
-    mlm_correct = ((logits.argmax(-1) == target) & valid).sum()
+    mlm_correct = ((logits.argmax(-1) == target) & valid).sum() if accuracy else valid.new_zeros(())
     mlm_count = valid.sum()
     loss, s_loss, s_correct, s_count = mlm_loss, None, None, 0
     if sentence_label is not None and bool((sentence_label >= 0).any()):
         s_logits = heads.seq_relationship(pooled).float()
         sl = sentence_label.long()
         s_loss = F.cross_entropy(s_logits, sl, ignore_index=-1)
-        s_correct = ((s_logits.argmax(-1) == sl) & (sl >= 0)).sum()
+        s_correct = ((s_logits.argmax(-1) == sl) & (sl >= 0)).sum() if accuracy else sl.new_zeros(())
         s_count = int((sl >= 0).sum())
         loss = mlm_loss + s_loss
     return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count)
@@ -112,3 +122,78 @@ def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predicti
     frac = (n_predictions_per_seq / seq_len) if sparse else 1.0
     head = 6 * (h * h + h * vocab) * frac
     return 6 * dense + attention + head
+
+
+# --------------------------------------------------------------------------- fast dropout masks (CPU)
+# Why: torch's CPU dropout draws its mask with bernoulli_, one generator call per element in a
+# serial loop; in a bf16 step of config b (L4/H256) that was 22% of the time. `random_` over the whole
+# int64 range fills 64 bits per generator call, so a 32-bit threshold test costs half a call per element.
+_INT32_MIN = -(1 << 31)
+
+
+def bits_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout of `x` with drop probability `p` (training mode), masks from 32-bit uniform draws.
+
+    An element is kept when its 32-bit draw falls below round((1-p) * 2^32), so P(keep) is within
+    2^-33 of 1-p. After the mask the arithmetic is ATen's dropout exactly (noise = mask in x's dtype,
+    divided by 1-p in that dtype; output x * noise), so given the same mask the output is bitwise
+    torch's (tested). The words come from torch's default generator for x's device: seeding and
+    checkpointed RNG state cover them as they cover torch's dropout.
+    """
+    if p <= 0.0:
+        return x
+    if p >= 1.0:
+        return x * 0.0
+    n = x.numel()
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)  # all 64 bits
+    draws = words.view(torch.int32)[:n].view(x.shape)
+    keep = draws < (_INT32_MIN + round((1.0 - p) * 2.0 ** 32))
+    noise = keep.to(x.dtype).div_(1.0 - p)
+    return x * noise
+
+
+class BitsDropout(torch.nn.Dropout):
+    """nn.Dropout with bits_dropout's masks; the module tree and state_dict are unchanged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bits_dropout(x, self.p) if self.training else x
+
+
+def _bits_attention(kernel: str):
+    """The attention function registered as `bits-<kernel>`: the stock kernel whenever there is no
+    dropout (evaluation, or attention_dropout 0), else eager attention with bits_dropout on the
+    probabilities (what SDPA itself falls back to on CPU when dropout_p > 0)."""
+    stock = eager_attention_forward if kernel == "eager" else AttentionInterface._global_mapping[kernel]
+
+    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if dropout == 0.0:
+            return stock(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
+        if attention_mask is not None and attention_mask.dtype == torch.bool:  # sdpa's mask: True = attend
+            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device
+                                         ).masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+        scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        probs = bits_dropout(F.softmax(scores, dim=-1), dropout)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+    return attend
+
+
+for _kernel in ("eager", "sdpa"):  # registered once, at import, in every process (DDP workers too)
+    AttentionInterface.register(f"bits-{_kernel}", _bits_attention(_kernel))
+    AttentionMaskInterface.register(f"bits-{_kernel}", AttentionMaskInterface._global_mapping[_kernel])
+
+
+def use_bits_dropout(model: BertForPreTraining) -> BertForPreTraining:
+    """Switch `model` (in place) to bits_dropout: every nn.Dropout module and the attention
+    probabilities. Nothing saved changes: `_attn_implementation` is not written by save_pretrained,
+    so the checkpoint still names no custom code."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if type(child) is torch.nn.Dropout:
+                setattr(module, name, BitsDropout(child.p))
+    kernel = model.config._attn_implementation
+    if not kernel.startswith("bits-"):   # every layer reads this one config object (as bert_config sets it)
+        model.config._attn_implementation = f"bits-{kernel}"
+    return model

@@ -19,7 +19,9 @@ What it guarantees (each one tested in tests/test_train.py):
   CUDA); masks are keyed by global instance index, and losses are weighted by the GLOBAL number of
   masked tokens, so grad accumulation and DDP give the gradient of the one big batch. Only rank 0 writes.
 - `impl` settings are speed-only (proven loss-neutral by tests), which is why they are not hashed.
-  impl.compile is refused (StudyError) until a test proves it loss-neutral.
+  impl.compile is refused (StudyError) until a test proves it loss-neutral. One of them,
+  impl.dropout_masks, changes which random stream picks the dropout masks (not their distribution or
+  arithmetic), so its test is statistical: the curve moves no further than another dropout stream moves it.
 - Files besides the contract's: events.jsonl (one line per session start, resume, rejected checkpoint,
   divergence; never truncated) so history.jsonl of a resumed run equals an uninterrupted run's.
 - Driver: `python -m study.train CONFIG.json --results DIR` (also under torchrun); exit 2 / 3 as the CLI.
@@ -112,6 +114,10 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
     if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     return torch.bfloat16 if precision == "bf16" else None
+
+
+def resolve_dropout_masks(name: str, device: torch.device) -> str:
+    return ("bits" if device.type == "cpu" else "torch") if name == "auto" else name
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -384,7 +390,7 @@ class _LossModule(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids, labels, sentence_label, w_mlm, w_sent):
         from .model import pretraining_loss
         out = pretraining_loss(self.model, input_ids, attention_mask, token_type_ids, labels,
-                               sentence_label, sparse=self.sparse)
+                               sentence_label, sparse=self.sparse, accuracy=False)
         zero = out.mlm_loss.new_zeros(())
         mlm = out.mlm_loss * w_mlm if w_mlm else zero  # w_mlm is 0 exactly when nothing is masked (NaN mean)
         sent = out.sentence_loss * w_sent if out.sentence_loss is not None else zero
@@ -537,7 +543,7 @@ class _Trainer:
     def run(self) -> dict:
         from .evaluate import reference_set, sentence_set
         from .instances import build_instances
-        from .model import build_model
+        from .model import build_model, use_bits_dropout
 
         cfg, dist, device = self.cfg, self.dist, self.device
         prepared = self._prepare()
@@ -557,6 +563,8 @@ class _Trainer:
 
         self.model = build_model(cfg.model, vocab, cfg.objective.sentence != "none", cfg.impl,
                                  seed=cfg.seed).to(device)
+        if resolve_dropout_masks(cfg.impl.dropout_masks, device) == "bits":
+            use_bits_dropout(self.model)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.fused = cfg.impl.fused_optimizer and device.type in ("cpu", "cuda")  # where torch has the kernel
         self.opt = torch.optim.AdamW(_param_groups(self.model, cfg.train.weight_decay), lr=cfg.train.lr,
@@ -818,6 +826,7 @@ class _Trainer:
                 "finished": _now(), "sessions": st.sessions, "world_size": self.dist.world,
                 "precision": str(resolve_precision(cfg.impl.precision, self.device) or torch.float32),
                 "impl": cfg.impl.model_dump(mode="json"),
+                "dropout_masks": resolve_dropout_masks(cfg.impl.dropout_masks, self.device),
                 "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
             })
             atomic_write_json(self.run_dir / "status.json", {"status": "done", "error": None, "step": st.step})

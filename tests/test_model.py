@@ -10,7 +10,7 @@ import torch
 
 from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
-from study.model import build_model, model_flops_per_token, pretraining_loss
+from study.model import bits_dropout, build_model, model_flops_per_token, pretraining_loss, use_bits_dropout
 
 VOCAB, B, L = 300, 4, 32
 CFG = ModelConfig(layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0,
@@ -105,8 +105,9 @@ def test_checkpoint_is_standard_hf(tmp_path):
     tok_core.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = BertTokenizerFast(tokenizer_object=tok_core, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
                             cls_token="[CLS]", mask_token="[MASK]", do_lower_case=False)
-    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=4)
+    m = use_bits_dropout(build_model(CFG, VOCAB, True, ImplConfig(), seed=4))  # as the trainer saves it on CPU
     m.save_pretrained(tmp_path)
+    assert "bits" not in (tmp_path / "config.json").read_text()  # no custom attention name is written
     tok.save_pretrained(tmp_path)
     mlm = AutoModelForMaskedLM.from_pretrained(tmp_path)
     enc = AutoModel.from_pretrained(tmp_path)
@@ -153,3 +154,61 @@ def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
         r = evaluate(m, es, None, torch.device("cpu"))
         assert r["ref_mode_acc"] == pytest.approx(floor)
         assert r["ref_mlm_acc"] == pytest.approx(expected)
+
+
+# --------------------------------------------------------------------------- bits dropout (impl.dropout_masks)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bits_dropout_is_torch_dropout_given_its_mask(dtype):
+    """Only the mask's random stream differs: given torch's own mask, the arithmetic (noise = mask in x's
+    dtype / (1-p), x * noise: 1/0.9 rounds in bf16) is bitwise torch's."""
+    x = torch.randn(64, 257, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for p in (0.1, 0.5):
+        ref = torch.nn.functional.dropout(x, p, training=True)
+        mask = ref != 0
+        assert torch.equal(x * mask.to(dtype).div_(1 - p), ref)
+        torch.manual_seed(1)
+        ours = bits_dropout(x, p)
+        kept = ours != 0
+        assert torch.equal(ours[kept], (x * kept.to(dtype).div_(1 - p))[kept]) and not ours[~kept].any()
+    assert bits_dropout(x, 0.0) is x
+
+
+def test_bits_dropout_masks_are_bernoulli_and_seeded():
+    n, p = 4_000_000, 0.1
+    torch.manual_seed(0)
+    keep = bits_dropout(torch.ones(n), p) != 0
+    se = (p * (1 - p) / n) ** 0.5
+    assert abs(keep.float().mean().item() - (1 - p)) < 4 * se
+    k = keep.float() - (1 - p)   # neighbours (the two halves of one 64-bit word, and across words) uncorrelated
+    for lag in (1, 2, 3):
+        corr = (k[:-lag] * k[lag:]).mean().item() / (p * (1 - p))
+        assert abs(corr) < 4 / n ** 0.5, (lag, corr)
+    torch.manual_seed(0)
+    assert torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)          # the default generator's seed decides
+    assert not torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)      # and the stream moves on
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_bits_dropout_model_computes_what_the_stock_model_does(attn):
+    """Evaluation is bitwise the stock kernel's; in training (with a drop probability so small that nothing
+    is dropped) the bits path, including its conversion of SDPA's boolean padding mask, gives the stock
+    no-dropout loss and gradients."""
+    b = batch(2)
+    b["attention_mask"] = b["attention_mask"].clone()
+    b["attention_mask"][:2, -6:] = 0
+    stock = build_model(CFG, VOCAB, True, ImplConfig(attention=attn), seed=5)
+    tiny = CFG.model_copy(update={"dropout": 1e-9, "attention_dropout": 1e-9})
+    bits = use_bits_dropout(build_model(tiny, VOCAB, True, ImplConfig(attention=attn), seed=5))
+    assert bits.config._attn_implementation == f"bits-{attn}"
+    with torch.no_grad():
+        assert torch.equal(pretraining_loss(stock.eval(), **b).loss, pretraining_loss(bits.eval(), **b).loss)
+    stock.train(), bits.train()
+    losses = []
+    for m in (stock, bits):
+        o = pretraining_loss(m, **b)
+        o.loss.backward()
+        losses.append(o.loss.detach())
+    assert torch.allclose(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    gs, gb = grads(stock), grads(bits)
+    for n in gs:
+        assert torch.allclose(gs[n], gb[n], rtol=1e-4, atol=1e-6), n

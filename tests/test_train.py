@@ -373,6 +373,36 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     assert_same_weights(lay.run_dir(cfg.run_hash()), layout_of[(True, "eager")].run_dir(cfg.run_hash()))
 
 
+def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(corpus, layout, monkeypatch):
+    """impl.dropout_masks="bits" draws the same Bernoulli masks from another random stream (bitwise torch's
+    arithmetic given a mask: tests/test_model.py), so it cannot be bitwise loss-neutral; what it must not do
+    is move training further than a different dropout stream of torch's own kernel does. Same data, init
+    and masks throughout; only the dropout stream (DROPOUT_TAG) and the mask kernel change."""
+    curves, evals = {}, {}
+    for kind, tags in (("torch", (1, 2, 3)), ("bits", (1, 2))):
+        for tag in tags:
+            monkeypatch.setattr("study.train.DROPOUT_TAG", tag)
+            cfg = make_cfg(corpus, train__amount=40, impl__dropout_masks=kind)
+            assert cfg.model.dropout > 0 and cfg.model.attention_dropout > 0
+            lay = layout(f"{kind}{tag}")
+            evals[kind, tag] = train_run(cfg, lay, quiet=True)["ref_mlm_loss"]
+            curves[kind, tag] = np.array(losses(lay.run_dir(cfg.run_hash())))
+            meta = json.loads((lay.run_dir(cfg.run_hash()) / "meta.json").read_text())
+            assert meta["dropout_masks"] == kind
+    torch_runs = [k for k in curves if k[0] == "torch"]
+    bits_runs = [k for k in curves if k[0] == "bits"]
+    dist = lambda a, b: float(np.mean(np.abs(curves[a] - curves[b])))  # noqa: E731
+    between_streams = max(dist(a, b) for a in torch_runs for b in torch_runs if a < b)
+    assert between_streams > 0   # dropout is on: another stream gives another curve
+    for b in bits_runs:
+        for a in torch_runs:
+            assert 0 < dist(a, b) <= 2 * between_streams, (a, b, dist(a, b), between_streams)
+    torch_mean = np.mean([evals[k] for k in torch_runs])
+    eval_spread = max(evals[k] for k in torch_runs) - min(evals[k] for k in torch_runs)
+    for b in bits_runs:
+        assert abs(evals[b] - torch_mean) <= 2 * eval_spread, evals
+
+
 def test_grad_accumulation_matches_one_big_batch(corpus, layout, tmp_path):
     """Losses are weighted by the global masked count, so 4 micro-batches of 2 = 1 batch of 8 (no dropout)."""
     curves = []
