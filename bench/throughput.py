@@ -3,8 +3,9 @@
 Baseline: stock `BertForPreTraining` + `DataCollatorForLanguageModeling` (15% Bernoulli, 80/10/10) +
 `transformers.Trainer` (AdamW, linear warmup/decay, clipping, same hyper-parameters), fed the same
 segment_pair/NSP instances our trainer builds, with the same initial weights and thread count.
-Ours: `study.train.train_run` (sparse MLM head), in fp32 and with bf16 autocast (attention kernel per
-ATTENTION). bf16 is an implementation setting proven loss-neutral by
+Ours: `study.train.train_run` (sparse MLM head; on CPU dropout masks from whole 64-bit random words,
+impl.dropout_masks), in fp32 and with bf16 autocast (attention kernel per ATTENTION), and once more in the
+headline precision with torch's dropout kernel. bf16 is an implementation setting proven loss-neutral by
 tests/test_model.py::test_bf16_autocast_matches_fp32_curve, so the headline ratio uses it where the CPU
 computes bf16 natively (AVX512-BF16 or AMX; `--precision` overrides).
 
@@ -45,7 +46,8 @@ CONFIGS = {  # the two sizes the issue names: L/H/A/I
 ATTENTION = {"auto": "eager", "fp32": "eager", "bf16": "sdpa"}
 
 
-def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str = "auto"):
+def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str = "auto",
+               dropout_masks: str = "auto"):
     from study.config import RunConfig
     return RunConfig.model_validate({
         "corpus": {"sources": [{"kind": "wikitext", "path": str(corpus)}]},
@@ -54,7 +56,7 @@ def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str
         "model": {**CONFIGS[name], "max_positions": 128},
         "train": {"budget": "steps", "amount": steps, "batch_size": 32, "eval_sequences": 64},
         "impl": {"threads": threads, "precision": precision, "attention": ATTENTION[precision],
-                 "progress": False, "log_every": 5,
+                 "dropout_masks": dropout_masks, "progress": False, "log_every": 5,
                  "checkpoint_every": 100000},
     })
 
@@ -160,8 +162,12 @@ def main() -> int:
     res = {}
     for name in ("a", "b"):
         ours_by = {}
-        for prec in ("fp32", "bf16"):
-            ours_by[prec] = ours(run_config(name, args.steps, args.threads, Path(args.corpus), prec), layout)
+        # "+torch-dropout": the headline precision with torch's own dropout mask kernel (bernoulli_), to show
+        # what impl.dropout_masks="bits" (the CPU default) buys
+        for prec in ("fp32", "bf16", f"{headline}+torch-dropout"):
+            p, _, masks = prec.partition("+")
+            ours_by[prec] = ours(run_config(name, args.steps, args.threads, Path(args.corpus), p,
+                                            "torch" if masks else "auto"), layout)
             torch.set_num_threads(args.threads)
         cfg = run_config(name, args.steps, args.threads, Path(args.corpus))
         b = baseline(cfg, prepared, args.steps)
