@@ -563,7 +563,8 @@ class _Trainer:
 
         self.model = build_model(cfg.model, vocab, cfg.objective.sentence != "none", cfg.impl,
                                  seed=cfg.seed).to(device)
-        if resolve_dropout_masks(cfg.impl.dropout_masks, device) == "bits":
+        self.dropout_masks = resolve_dropout_masks(cfg.impl.dropout_masks, device)
+        if self.dropout_masks == "bits":
             use_bits_dropout(self.model)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.fused = cfg.impl.fused_optimizer and device.type in ("cpu", "cuda")  # where torch has the kernel
@@ -826,7 +827,7 @@ class _Trainer:
                 "finished": _now(), "sessions": st.sessions, "world_size": self.dist.world,
                 "precision": str(resolve_precision(cfg.impl.precision, self.device) or torch.float32),
                 "impl": cfg.impl.model_dump(mode="json"),
-                "dropout_masks": resolve_dropout_masks(cfg.impl.dropout_masks, self.device),
+                "dropout_masks": self.dropout_masks,
                 "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
             })
             atomic_write_json(self.run_dir / "status.json", {"status": "done", "error": None, "step": st.step})

@@ -377,7 +377,7 @@ def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(cor
     """impl.dropout_masks="bits" draws the same Bernoulli masks from another random stream (bitwise torch's
     arithmetic given a mask: tests/test_model.py), so it cannot be bitwise loss-neutral; what it must not do
     is move training further than a different dropout stream of torch's own kernel does. Same data, init
-    and masks throughout; only the dropout stream (DROPOUT_TAG) and the mask kernel change."""
+    and MLM masks throughout; only the dropout stream (DROPOUT_TAG) and the mask kernel change."""
     curves, evals = {}, {}
     for kind, tags in (("torch", (1, 2, 3)), ("bits", (1, 2))):
         for tag in tags:
@@ -391,7 +391,10 @@ def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(cor
             assert meta["dropout_masks"] == kind
     torch_runs = [k for k in curves if k[0] == "torch"]
     bits_runs = [k for k in curves if k[0] == "bits"]
-    dist = lambda a, b: float(np.mean(np.abs(curves[a] - curves[b])))  # noqa: E731
+
+    def dist(a, b) -> float:
+        return float(np.mean(np.abs(curves[a] - curves[b])))
+
     between_streams = max(dist(a, b) for a in torch_runs for b in torch_runs if a < b)
     assert between_streams > 0   # dropout is on: another stream gives another curve
     for b in bits_runs:
