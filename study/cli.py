@@ -51,15 +51,18 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .cost import estimate_seconds, param_count, planned_tokens
+    from .cost import estimate_seconds, param_count, planned_tokens, study_finetune_seconds
     study, layout = _study(args), _layout(args)
+    ft_runs, ft_base = ({}, None) if args.no_time else study_finetune_seconds(study.runs, layout)
     rows = []
     for run in study.runs:
         t = run.config.train
         secs = None if args.no_time else estimate_seconds(run.config)
+        ft = ft_runs.get(run.run_hash)
         rows.append({"hash": run.run_hash, "label": run.label, "seed": run.seed, "status": run.status(layout),
                      "factors": run.factors, "est_tokens": planned_tokens(run.config),
                      "est_seconds": round(secs, 1) if secs is not None else None,
+                     "est_finetune_seconds": round(ft, 1) if ft is not None else None,
                      "budget": f"{t.amount:g} {t.budget}", "params_M": round(param_count(run.config) / 1e6, 2)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -72,8 +75,14 @@ def cmd_plan(args) -> int:
               f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}")
     total = sum(r["est_tokens"] or 0 for r in rows)
     pending = sum(r["est_seconds"] or 0 for r in rows if r["status"] != "done")
-    print(f"total: {total:,} training tokens; pre-training still to do on this machine: ~{pending / 60:.0f} min "
-          f"(measured step time x steps; fine-tuning and data preparation not included)")
+    print(f"total: {total:,} training tokens")
+    if args.no_time:
+        print("time: not estimated (--no-time)")
+        return 0
+    ft = [*ft_runs.values(), ft_base]
+    ft_text = "unknown (task data not on disk)" if None in ft else f"~{sum(ft) / 60:.0f} min"
+    print(f"still to do on this machine: pre-training ~{pending / 60:.0f} min, fine-tuning and probes "
+          f"{ft_text} (measured step times x steps; data preparation and evaluation not included)")
     return 0
 
 
@@ -187,6 +196,34 @@ def _guarded(run_dir: Path, fn, label: str) -> int:
         return 1
 
 
+def cmd_rescore(args) -> int:
+    """Score finished runs again on the fixed reference; add the metrics fields they lack (study/rescore.py)."""
+    from .rescore import rescore_run
+    study, layout = _study(args), _layout(args)
+    runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
+    failed = added = 0
+    for run in runs:
+        if run.status(layout) != "done":
+            print(f"{run.run_hash}  skip: {run.status(layout)}  {run.label}")
+            continue
+        res = rescore_run(run.config, layout, quiet=args.quiet)
+        moved = ", ".join(f"{k} {v:.2g}" for k, v in res.deviation.items() if v)
+        if not res.ok:
+            failed += 1
+            print(f"{run.run_hash}  MISMATCH {', '.join(res.mismatch)} (|stored - now|: {moved}; trained on "
+                  f"{res.trained_on}, scored on {res.scored_on}); left as it was  {run.label}")
+            continue
+        _publish(layout.run_dir(run.run_hash), layout, run.run_hash)
+        added += bool(res.added)
+        what = f"added {', '.join(res.added)}" if res.added else "up to date"
+        print(f"{run.run_hash}  {what}; stored scores reproduced ({moved or 'exactly'})  {run.label}")
+    if added:
+        print("next: `study aggregate` and `study report` (or `study run`, which reuses every finished run); "
+              "under DVC, `dvc commit -f pretrain finetune` first: it records the changed run folders, whose "
+              "weights did not change, instead of re-running their stages; then `dvc repro` re-aggregates")
+    return 1 if failed else 0
+
+
 def cmd_aggregate(args) -> int:
     from .aggregate import aggregate_study
     study, layout = _study(args), _layout(args)
@@ -251,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)")
     spec_cmd("finetune", cmd_finetune, "fine-tune and probe the study's finished runs", runs=True).add_argument(
         "--baseline", action="append", help="only the random-init baseline with this key (repeatable)")
+    spec_cmd("rescore", cmd_rescore, "score finished runs again on the fixed reference; add the metrics "
+             "fields they lack (e.g. ref_mode_acc); exit 1 if stored scores do not reproduce", runs=True)
     spec_cmd("aggregate", cmd_aggregate, "build the study's tidy tables from its run folders")
     spec_cmd("report", cmd_report, "render the study's HTML report from its aggregate")
     spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)

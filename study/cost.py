@@ -2,7 +2,13 @@
 
 `study plan` prints these. The time is measured, not modelled: a few real optimizer steps of the
 run's model at its batch and sequence length on this machine, times the step count. Evaluation,
-checkpoints, data preparation and fine-tuning are not included (the plan says so).
+checkpoints and data preparation are not included (the plan says so).
+
+Fine-tuning is estimated the same way (`finetune_seconds`): its optimizer steps (from the task files'
+row counts, the caps, epochs and seeds) times a measured classifier step at the padded width a
+shuffled batch of those rows has, plus the forward passes of prediction and probe features. Row
+lengths come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what
+the 8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word).
 """
 from __future__ import annotations
 
@@ -11,6 +17,8 @@ import time
 from .config import RunConfig
 
 _STEP_TIMES: dict[tuple, float] = {}  # one measurement per model shape and batch per process
+TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does not exist yet
+_LENGTHS: dict[tuple, tuple] = {}     # task row lengths per (task, caps, tokenizer) per process
 
 
 def planned_steps(cfg: RunConfig) -> float | None:
@@ -81,3 +89,134 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
         opt.zero_grad()
         times.append(time.perf_counter() - start)
     return min(times[1:])  # the first step pays for allocation
+
+
+# --------------------------------------------------------------------------- fine-tuning
+def _row_lengths(cfg: RunConfig, layout, data):
+    """Token lengths of the task rows as fine-tuning will see them (specials included, truncated)."""
+    import numpy as np
+    max_len = cfg.finetune.max_length
+    tok_dir = layout.data_dir(cfg.data_hash()) / "tokenizer"
+    if (tok_dir / "tokenizer.json").is_file():
+        from transformers import BertTokenizerFast
+        tok = BertTokenizerFast.from_pretrained(str(tok_dir))
+        out = tok(data.text_a, data.text_b, truncation=True, max_length=max_len)
+        return np.array([len(x) for x in out["input_ids"]])
+    words = np.array([len(a.split()) + (len(b.split()) if data.text_b is not None else 0)
+                      for a, b in zip(data.text_a, data.text_b or data.text_a)])
+    specials = 3 if data.text_b is not None else 2
+    return np.minimum(np.ceil(words * TOKENS_PER_WORD).astype(int) + specials, max_len)
+
+
+def _batch_width(lengths, batch: int) -> int:
+    """Mean padded width of shuffled batches (fine-tuning pads each batch to its longest row)."""
+    import numpy as np
+    order = np.random.default_rng(0).permutation(len(lengths))
+    widths = [lengths[order[i:i + batch]].max() for i in range(0, len(order), batch)]
+    return max(1, round(float(np.mean(widths))))
+
+
+def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
+    """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, collate (pad to
+    the batch's longest row), loss, clipping and AdamW, over shuffled batches with these row lengths
+    (random ids: the cost does not depend on them). The median of the steps after the first (which
+    pays for allocation) is robust to a busy moment. Measured 40 vs 65 ms on SST-2 before it timed the
+    real loop at one fixed width: with rows this short, the per-step overhead is a third of a step."""
+    import numpy as np
+    import torch
+
+    from .finetune import _Classifier, _collate, _Encoded, _param_groups
+    from .model import build_model
+    ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
+    key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, np.asarray(lengths).tobytes())
+    if key in _STEP_TIMES:
+        return _STEP_TIMES[key]
+    threads = torch.get_num_threads()
+    if cfg.impl.threads:
+        torch.set_num_threads(cfg.impl.threads)
+    try:
+        g = torch.Generator().manual_seed(0)  # local: planning never touches global RNG state
+        rng = np.random.default_rng(0)
+        order = rng.permutation(len(lengths))[:n * ft.batch_size]
+        rows = _Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
+                        [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
+        model = _Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
+                            cfg.model.init_range, g)
+        opt = torch.optim.AdamW(_param_groups(model, ft.weight_decay), lr=1e-5)
+        times = []
+        for b in range(0, len(order), ft.batch_size):
+            idx = np.arange(b, min(b + ft.batch_size, len(order)))
+            start = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(model(**_collate(rows, idx, torch.device("cpu"))),
+                                                     torch.from_numpy(rows.labels[idx]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            loss.item()
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
+    return _STEP_TIMES[key]
+
+
+def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) -> float | None:
+    """Fine-tuning time of one encoder (a run or its random-init baseline) on this machine.
+
+    todo: task -> (fine-tune seeds still to run, probe still to run). None when a task's data is not
+    on disk (the hub, or a missing folder): its row counts are unknown before download.
+    """
+    import math
+
+    from .errors import StudyError
+    from .finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
+    from .tasks import HUB, load_task
+    ft = cfg.finetune
+    if ft.glue_dir == HUB:
+        return None
+    total = 0.0
+    for task, (seeds, probe) in todo.items():
+        if not seeds and not probe:
+            continue
+        key = (task, ft.glue_dir, ft.max_train_examples, ft.max_eval_examples, ft.max_length, cfg.data_hash(),
+               (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir())
+        if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once
+            try:
+                train = _cap(load_task(task, ft.glue_dir, "train"), ft.max_train_examples)
+                dev = _cap(load_task(task, ft.glue_dir, "dev"), ft.max_eval_examples)
+            except StudyError:
+                return None
+            _LENGTHS[key] = (_row_lengths(cfg, layout, train), _row_lengths(cfg, layout, dev))
+        l_train, l_dev = _LENGTHS[key]
+        width = _batch_width(l_train, ft.batch_size)
+        step = _classifier_step(cfg, l_train)
+        per_token = step / (ft.batch_size * width) / 3  # a forward pass is about a third of a step
+        steps = max(1, math.ceil(ft.epochs * math.ceil(len(l_train) / ft.batch_size)))
+        total += seeds * (steps * step + l_dev.sum() * per_token)
+        if probe:
+            total += (l_train.sum() + l_dev.sum()) * per_token
+    return total
+
+
+def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
+    """What fine-tuning of one encoder has not written yet: task -> (seeds, probe)."""
+    from .finetune import result_path
+    ft, fh = cfg.finetune, cfg.finetune_hash()
+
+    def missing(task: str, mode: str) -> int:
+        return sum(not result_path(layout, run_key, task, fh, mode, s).exists() for s in ft.seeds)
+    return {task: (missing(task, "finetune"), ft.probe and missing(task, "probe") > 0) for task in ft.tasks}
+
+
+def study_finetune_seconds(runs, layout) -> tuple[dict[str, float | None], float | None]:
+    """Fine-tuning still to do for a study's runs (per run hash) and their random-init baselines
+    (together: runs share them). A None anywhere means some task's size is unknown here."""
+    from .finetune import baseline_key
+    per_run = {r.run_hash: finetune_seconds(r.config, layout, _todo(r.config, layout, r.run_hash)) for r in runs}
+    seen: dict[str, float | None] = {}
+    for r in runs:
+        if r.config.finetune.baseline and (key := baseline_key(r.config)) not in seen:
+            seen[key] = finetune_seconds(r.config, layout, _todo(r.config, layout, key))
+    base = None if None in seen.values() else sum(seen.values())
+    return per_run, base

@@ -120,7 +120,7 @@ def resolve_dropout_masks(name: str, device: torch.device) -> str:
     return ("bits" if device.type == "cpu" else "torch") if name == "auto" else name
 
 
-def _autocast(device: torch.device, dtype: torch.dtype | None):
+def autocast_factory(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext
     return lambda: torch.autocast(device.type, dtype=dtype)
@@ -572,7 +572,7 @@ class _Trainer:
                                      betas=(cfg.train.beta1, cfg.train.beta2), eps=cfg.train.eps,
                                      **({"fused": True} if self.fused else {}))
         self.schedule = Schedule(cfg.train.schedule, cfg.train.warmup)
-        self.autocast = _autocast(device, resolve_precision(cfg.impl.precision, device))
+        self.autocast = autocast_factory(device, resolve_precision(cfg.impl.precision, device))
         _seed_dropout(cfg.seed, dist.rank, device)
         self.state = TrainState(started=_now())
         self._resume()

@@ -2,12 +2,15 @@
 
 - a full `dvc repro` trains every run, fine-tunes, aggregates and writes the report;
 - a second `dvc repro` trains nothing;
+- `study rescore` + `dvc commit -f pretrain finetune` + `dvc repro` re-aggregates and trains nothing;
 - one more factor level + `study sync` + `dvc repro` trains only the new runs;
 - `dvc exp run -S <spec value>` reruns what that value feeds (fine-tuning), not pre-training;
 - `dvc push` to a local remote, a fresh clone, `dvc pull`, `dvc repro`: nothing trains.
 """
 from __future__ import annotations
 
+import csv
+import json
 import os
 import random
 import re
@@ -90,6 +93,11 @@ def stages_run(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+def _run_row(project: Path, run_hash: str) -> dict:
+    with open(project / "results" / "studies" / "tiny" / "runs.csv", newline="") as f:
+        return next(r for r in csv.DictReader(f) if r["run_hash"] == run_hash)
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     root = tmp_path / "proj"
@@ -124,6 +132,24 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     assert not stages_run(out), out
     assert {p.parent.name: p.stat().st_mtime_ns
             for p in (project / "results" / "runs").glob("*/status.json")} == status
+
+    # a run from before a metrics field existed is re-scored, not retrained: `study rescore`, then
+    # `dvc commit -f pretrain finetune` records the changed run folders, and `dvc repro` re-aggregates only
+    m_file = sorted((project / "results" / "runs").glob("*/metrics.json"))[0]
+    m = json.loads(m_file.read_text())
+    floor = m.pop("ref_mode_acc")
+    m_file.write_text(json.dumps(m))
+    for step in ("aggregate", "report"):  # the study as it was aggregated before the field existed
+        sh(project, "study", step, "ablations/tiny.yaml")
+    assert _run_row(project, m_file.parent.name)["ref_mode_acc"] == ""
+    sh(project, "dvc", "commit", "-f")  # ... and recorded by DVC
+    out = sh(project, "study", "rescore", "ablations/tiny.yaml")
+    assert out.count("added ref_mode_acc") == 1 and out.count("up to date") == 1, out
+    assert json.loads(m_file.read_text())["ref_mode_acc"] == floor
+    sh(project, "dvc", "commit", "-f", "pretrain", "finetune")
+    out = sh(project, "dvc", "repro")
+    assert stages_run(out) == {"aggregate-tiny", "report-tiny"}, out
+    assert float(_run_row(project, m_file.parent.name)["ref_mode_acc"]) == floor
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "results")
 

@@ -186,6 +186,40 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     assert train_run(cfg, lay, quiet=True) == m
 
 
+def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, layout):
+    """`study rescore`: an old run (metrics without ref_mode_acc) gets the field from its saved model;
+    stored numbers are never overwritten, and a run whose stored scores do not come back is left alone."""
+    from study.rescore import rescore_run
+
+    cfg = make_cfg(corpus, train__amount=12, impl__checkpoint_every=100)
+    lay = layout("r")
+    full = train_run(cfg, lay, quiet=True)
+    run = lay.run_dir(cfg.run_hash())
+    old = {k: v for k, v in full.items() if k != "ref_mode_acc"}  # as written before the field existed
+    (run / "metrics.json").write_text(json.dumps(old))
+
+    res = rescore_run(cfg, lay)
+    assert res.ok and res.added == ["ref_mode_acc"], res
+    assert res.deviation["ref_mlm_loss"] < 1e-6 and res.deviation["ref_masked"] == 0
+    assert metrics(run) == {**old, "ref_mode_acc": full["ref_mode_acc"]}  # the value training would have written
+    assert [r["added"] for r in json.loads((run / "meta.json").read_text())["rescores"]] == [["ref_mode_acc"]]
+    assert rescore_run(cfg, lay).added == []  # up to date: nothing written again
+    assert len(json.loads((run / "meta.json").read_text())["rescores"]) == 1
+
+    # stored scores that the saved model does not give back: reported, nothing written
+    bad = {**old, "ref_mlm_loss": old["ref_mlm_loss"] * 1.01, "sentence_acc": (old["sentence_acc"] + 0.5) % 1.0}
+    (run / "metrics.json").write_text(json.dumps(bad))
+    before = (run / "metrics.json").read_bytes()
+    res = rescore_run(cfg, lay)
+    assert not res.ok and set(res.mismatch) == {"ref_mlm_loss", "sentence_acc"}, res
+    assert (run / "metrics.json").read_bytes() == before
+
+    # an unfinished run has no model to score
+    other = make_cfg(corpus, train__amount=13)
+    with pytest.raises(StudyError, match="pending"):
+        rescore_run(other, lay)
+
+
 def test_tokens_budget_and_no_sentence_task(corpus, layout, tmp_path):
     cfg = make_cfg(corpus, objective__sentence="none", objective__format="doc_sentences", train__budget="tokens",
                    train__amount=2000, impl__log_every=5)

@@ -1,0 +1,117 @@
+"""`study plan`'s cost: planned tokens, measured pre-training and fine-tuning time, what is left to do."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from study.cli import main
+from study.cost import TOKENS_PER_WORD, _batch_width, _row_lengths, finetune_seconds, study_finetune_seconds
+from study.finetune import result_path
+from study.paths import Layout
+from study.spec import load_study
+from study.tasks import load_task
+
+SPEC = """
+name: tiny
+question: what does it cost?
+defaults:
+  tokenizer: {vocab_size: 300}
+  objective: {max_seq_len: 32}
+  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64, max_positions: 64}
+  train: {amount: 10, batch_size: 8}
+  finetune: {tasks: [SST-2], glue_dir: GLUE, seeds: [0, 1], epochs: 2, batch_size: 16, max_length: 32,
+             probe: true}
+factors:
+  objective.sentence: [nsp, none]
+"""
+
+
+def _glue(path, n_train: int = 100, n_dev: int = 30) -> None:
+    rng = random.Random(0)
+    (path / "SST-2").mkdir(parents=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        rows = ["sentence\tlabel"] + [" ".join("w" * rng.randint(1, 4) for _ in range(rng.randint(2, 12)))
+                                      + f"\t{rng.randint(0, 1)}" for _ in range(n)]
+        (path / "SST-2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+
+
+@pytest.fixture
+def spec(tmp_path):
+    _glue(tmp_path / "glue")
+    p = tmp_path / "tiny.yaml"
+    p.write_text(SPEC.replace("GLUE", str(tmp_path / "glue")))
+    return p
+
+
+def test_plan_json_has_tokens_and_both_times(spec, tmp_path, capsys):
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"pending"}
+    for r in rows:
+        assert r["est_tokens"] == 10 * 8 * 32
+        assert r["est_seconds"] > 0 and r["est_finetune_seconds"] > 0
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "still to do on this machine: pre-training ~" in out and "fine-tuning and probes ~" in out
+
+
+def test_finetune_estimate_counts_only_what_is_not_written(spec, tmp_path):
+    study, lay = load_study(spec), Layout(root=tmp_path / "r")
+    per_run, base = study_finetune_seconds(study.runs, lay)
+    assert all(v > 0 for v in per_run.values()) and base > 0
+    # the runs differ only in objective: they share one random-init baseline, counted once
+    assert base == pytest.approx(per_run[study.runs[0].run_hash], rel=0.5)
+    done = study.runs[0]
+    fh = done.config.finetune_hash()
+    for mode in ("finetune", "probe"):
+        for seed in (0, 1):
+            p = result_path(lay, done.run_hash, "SST-2", fh, mode, seed)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("{}")
+    per_run2, _ = study_finetune_seconds(study.runs, lay)
+    assert per_run2[done.run_hash] == 0 and per_run2[study.runs[1].run_hash] > 0
+    # one seed left: the step part halves (the probe is already done)
+    result_path(lay, done.run_hash, "SST-2", fh, "finetune", 1).unlink()
+    one = finetune_seconds(done.config, lay, {"SST-2": (1, False)})
+    two = finetune_seconds(done.config, lay, {"SST-2": (2, False)})
+    assert study_finetune_seconds(study.runs, lay)[0][done.run_hash] == pytest.approx(one)
+    assert two == pytest.approx(2 * one)
+
+
+def test_unknown_task_sizes_are_said_not_guessed(spec, tmp_path, capsys):
+    study, lay = load_study(spec), Layout(root=tmp_path / "r")
+    hub = study.runs[0].config.model_copy(deep=True)
+    hub.finetune.glue_dir = "hub"
+    assert finetune_seconds(hub, lay, {"SST-2": (2, True)}) is None
+    missing = study.runs[0].config.model_copy(deep=True)
+    missing.finetune.glue_dir = str(tmp_path / "nowhere")
+    assert finetune_seconds(missing, lay, {"SST-2": (2, True)}) is None
+    spec.write_text(spec.read_text().replace(str(tmp_path / "glue"), str(tmp_path / "nowhere")))
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec)]) == 0
+    assert "fine-tuning and probes unknown (task data not on disk)" in capsys.readouterr().out
+
+
+def test_row_lengths_and_padded_batch_width(spec, tmp_path):
+    cfg = load_study(spec).runs[0].config
+    data = load_task("SST-2", cfg.finetune.glue_dir, "train")
+    lengths = _row_lengths(cfg, Layout(root=tmp_path / "r"), data)   # no tokenizer yet: word counts
+    words = np.array([len(t.split()) for t in data.text_a])
+    assert list(lengths) == [min(math.ceil(w * TOKENS_PER_WORD) + 2, 32) for w in words]
+    assert _batch_width(np.full(50, 7), 16) == 7
+    w = _batch_width(lengths, 16)   # each batch pads to its longest row
+    assert lengths.mean() < w <= lengths.max()
+    assert _batch_width(lengths, 1) == round(lengths.mean())
+
+
+def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
+    from study.tokenizer import train_tokenizer
+    cfg = load_study(spec).runs[0].config
+    lay = Layout(root=tmp_path / "r")
+    data = load_task("SST-2", cfg.finetune.glue_dir, "train")
+    tok = train_tokenizer([[t] for t in data.text_a], cfg.tokenizer, lay.data_dir(cfg.data_hash()) / "tokenizer")
+    want = [len(x) for x in tok(data.text_a, truncation=True, max_length=32)["input_ids"]]
+    assert list(_row_lengths(cfg, lay, data)) == want
