@@ -61,8 +61,8 @@ def cmd_plan(args) -> int:
         ft = ft_runs.get(run.run_hash)
         rows.append({"hash": run.run_hash, "label": run.label, "seed": run.seed, "status": run.status(layout),
                      "factors": run.factors, "est_tokens": planned_tokens(run.config),
-                     "est_seconds": round(secs, 1) if secs is not None else None,
-                     "est_finetune_seconds": round(ft, 1) if ft is not None else None,
+                     "est_seconds": round(secs, 3) if secs is not None else None,
+                     "est_finetune_seconds": round(ft, 3) if ft is not None else None,
                      "budget": f"{t.amount:g} {t.budget}", "params_M": round(param_count(run.config) / 1e6, 2)})
     if args.json:
         print(json.dumps(rows, indent=2))

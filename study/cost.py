@@ -5,10 +5,11 @@ run's model at its batch and sequence length on this machine, times the step cou
 checkpoints and data preparation are not included (the plan says so).
 
 Fine-tuning is estimated the same way (`finetune_seconds`): its optimizer steps (from the task files'
-row counts, the caps, epochs and seeds) times a measured classifier step at the padded width a
-shuffled batch of those rows has, plus the forward passes of prediction and probe features. Row
-lengths come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what
-the 8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word).
+row counts, the caps, epochs and seeds) times fine-tuning's own step timed over shuffled batches of
+rows with the task's lengths, plus the forward passes of prediction and probe features. Row lengths
+come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what the
+8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word). Against measured cpu
+studies it comes out about 20% low (evaluation, model loading, tokenization are not in it).
 """
 from __future__ import annotations
 
