@@ -203,8 +203,9 @@ def cmd_rescore(args) -> int:
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
     failed = added = 0
     for run in runs:
-        if run.status(layout) != "done":
-            print(f"{run.run_hash}  skip: {run.status(layout)}  {run.label}")
+        status = run.status(layout)
+        if status != "done":
+            print(f"{run.run_hash}  skip: {status}  {run.label}")
             continue
         res = rescore_run(run.config, layout, quiet=args.quiet)
         moved = ", ".join(f"{k} {v:.2g}" for k, v in res.deviation.items() if v)

@@ -9,10 +9,11 @@ row counts, the caps, epochs and seeds) times fine-tuning's own step timed over 
 rows with the task's lengths, plus the forward passes of prediction and probe features. Row lengths
 come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what the
 8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word). Against measured cpu
-studies it comes out about 20% low (evaluation, model loading, tokenization are not in it).
+studies it came out 5-20% low (evaluation, model loading, tokenization are not in it).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 from .config import RunConfig
@@ -52,7 +53,6 @@ def param_count(cfg: RunConfig) -> int:
 def estimate_seconds(cfg: RunConfig) -> float:
     """Pre-training wall time on this machine: the fastest of a few warm steps times the step count
     (other processes only ever slow a step down, so the minimum is the machine's own speed)."""
-    import torch
     steps = planned_steps(cfg)
     if steps is None:
         return cfg.train.amount
@@ -60,14 +60,22 @@ def estimate_seconds(cfg: RunConfig) -> float:
     key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, seq, t.batch_size, cfg.masking.rate,
            cfg.impl.sparse_head, cfg.impl.threads)
     if key not in _STEP_TIMES:
-        threads = torch.get_num_threads()
-        if cfg.impl.threads:
-            torch.set_num_threads(cfg.impl.threads)
-        try:
+        with _run_threads(cfg):
             _STEP_TIMES[key] = _time_steps(cfg)
-        finally:
-            torch.set_num_threads(threads)
     return _STEP_TIMES[key] * steps
+
+
+@contextlib.contextmanager
+def _run_threads(cfg: RunConfig):
+    """Time with the thread count the run will use (impl.threads), then restore the caller's."""
+    import torch
+    threads = torch.get_num_threads()
+    if cfg.impl.threads:
+        torch.set_num_threads(cfg.impl.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _time_steps(cfg: RunConfig, n: int = 6) -> float:
@@ -121,8 +129,8 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, collate (pad to
     the batch's longest row), loss, clipping and AdamW, over shuffled batches with these row lengths
     (random ids: the cost does not depend on them). The median of the steps after the first (which
-    pays for allocation) is robust to a busy moment. Measured 40 vs 65 ms on SST-2 before it timed the
-    real loop at one fixed width: with rows this short, the per-step overhead is a third of a step."""
+    pays for allocation) is robust to a busy moment. On SST-2 (nsp cpu) it gives 40 ms where a real
+    fine-tune took 50 ms per step, counting its model copy and dev prediction."""
     import numpy as np
     import torch
 
@@ -132,10 +140,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, np.asarray(lengths).tobytes())
     if key in _STEP_TIMES:
         return _STEP_TIMES[key]
-    threads = torch.get_num_threads()
-    if cfg.impl.threads:
-        torch.set_num_threads(cfg.impl.threads)
-    try:
+    with _run_threads(cfg):
         g = torch.Generator().manual_seed(0)  # local: planning never touches global RNG state
         rng = np.random.default_rng(0)
         order = rng.permutation(len(lengths))[:n * ft.batch_size]
@@ -156,8 +161,6 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
             opt.step()
             loss.item()
             times.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
     _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
     return _STEP_TIMES[key]
 
