@@ -139,6 +139,26 @@ def test_shipped_specs_validate():
         assert load_study(spec).runs, spec
 
 
+def test_shipped_profiles_resolve():
+    """Every profile of every shipped spec resolves and validates here, so that a bad key in the `gpu`
+    profile fails on a laptop, not after someone has rented a GPU. A profile changes every run's hash."""
+    seen = set()
+    for spec in sorted((REPO / "ablations").glob("*.yaml")):
+        plain = {r.run_hash for r in load_study(spec).runs}
+        for profile in load_study(spec).spec.profiles:
+            study = load_study(spec, profile)
+            assert study.runs and study.name == f"{study.spec.name}-{profile}", (spec, profile)
+            assert not plain & {r.run_hash for r in study.runs}, (spec, profile)
+            seen.add(profile)
+            if profile == "gpu":  # BERT-small-scale on hub corpora, all of GLUE's dev sets
+                for run in study.runs:
+                    cfg = run.config
+                    assert {s.kind for s in cfg.corpus.sources} == {"hf"}, (spec, cfg.corpus.sources)
+                    assert cfg.finetune.glue_dir == "hub" and cfg.finetune.max_eval_examples is None
+                    assert cfg.model.hidden == 512 and cfg.tokenizer.vocab_size == 30522
+    assert {"cpu", "gpu"} <= seen
+
+
 def test_generated_run_list_is_in_sync():
     """dvc.yaml iterates study_runs.yaml: it must match the specs (run `study sync`)."""
     assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), "study_runs.yaml is stale: run `study sync`"
