@@ -58,7 +58,7 @@ def estimate_seconds(cfg: RunConfig) -> float:
         return cfg.train.amount
     t, seq = cfg.train, cfg.objective.max_seq_len
     key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, seq, t.batch_size, cfg.masking.rate,
-           cfg.impl.sparse_head, cfg.impl.threads)
+           cfg.impl.sparse_head, cfg.impl.threads, cfg.impl.device, cfg.impl.precision)
     if key not in _STEP_TIMES:
         with _run_threads(cfg):
             _STEP_TIMES[key] = _time_steps(cfg)
@@ -78,24 +78,52 @@ def _run_threads(cfg: RunConfig):
         torch.set_num_threads(threads)
 
 
+def _run_device(cfg: RunConfig):
+    """The device and autocast the pre-training run will use (study.train's own resolution), so that a
+    plan made on a GPU machine times GPU steps in bf16, not CPU ones. impl.device=cuda on a machine
+    without one is the same StudyError naming impl.device that training raises."""
+    from .train import Dist, autocast_factory, resolve_device, resolve_precision
+    device = resolve_device(cfg.impl.device, Dist())
+    return device, autocast_factory(device, resolve_precision(cfg.impl.precision, device))
+
+
+def _sync(device) -> None:
+    """Wait for queued GPU work: CUDA launches return before the step is done."""
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _time_steps(cfg: RunConfig, n: int = 6) -> float:
+    import sys
+
     import torch
 
     from .model import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
-    model = build_model(cfg.model, vocab, True, cfg.impl)
+    device, autocast = _run_device(cfg)
+    m = cfg.model
+    # a gpu-profile model on a CPU takes minutes here: say what is being timed
+    print(f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x {seq} on {device}",
+          file=sys.stderr, flush=True)
+    model = build_model(cfg.model, vocab, True, cfg.impl).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)  # a local generator: planning never touches global RNG state
     ids = torch.randint(5, vocab, (t.batch_size, seq), generator=g)
     labels = torch.where(torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100))
+    ids, labels = ids.to(device), labels.to(device)
     times = []
     for _ in range(n):
+        _sync(device)
         start = time.perf_counter()
-        out = pretraining_loss(model, ids, torch.ones_like(ids), torch.zeros_like(ids), labels,
-                               torch.zeros(t.batch_size, dtype=torch.long), sparse=cfg.impl.sparse_head)
+        with autocast():
+            out = pretraining_loss(model, ids, torch.ones_like(ids), torch.zeros_like(ids), labels,
+                                   torch.zeros(t.batch_size, dtype=torch.long, device=device),
+                                   sparse=cfg.impl.sparse_head)
         out.loss.backward()
         opt.step()
         opt.zero_grad()
+        _sync(device)
         times.append(time.perf_counter() - start)
     return min(times[1:])  # the first step pays for allocation
 
@@ -134,10 +162,12 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     import numpy as np
     import torch
 
-    from .finetune import _Classifier, _collate, _Encoded, _param_groups
+    from .finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
     from .model import build_model
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
-    key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, np.asarray(lengths).tobytes())
+    device = _device(cfg.impl)  # fine-tuning's own device and precision, as for pre-training above
+    key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, str(device),
+           cfg.impl.precision, np.asarray(lengths).tobytes())
     if key in _STEP_TIMES:
         return _STEP_TIMES[key]
     with _run_threads(cfg):
@@ -147,14 +177,15 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
         rows = _Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
                         [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
         model = _Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
-                            cfg.model.init_range, g)
+                            cfg.model.init_range, g).to(device)
         opt = torch.optim.AdamW(_param_groups(model, ft.weight_decay), lr=1e-5)
         times = []
         for b in range(0, len(order), ft.batch_size):
             idx = np.arange(b, min(b + ft.batch_size, len(order)))
             start = time.perf_counter()
-            loss = torch.nn.functional.cross_entropy(model(**_collate(rows, idx, torch.device("cpu"))),
-                                                     torch.from_numpy(rows.labels[idx]))
+            with _autocast(cfg.impl, device):
+                logits = model(**_collate(rows, idx, device))
+            loss = torch.nn.functional.cross_entropy(logits.float(), torch.from_numpy(rows.labels[idx]).to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

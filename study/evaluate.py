@@ -146,17 +146,18 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
 
 
 @functools.lru_cache(maxsize=None)
-def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5) -> float:
-    """Best observed fp32 FLOP/s of an n x n matmul on `device` (with the current thread count).
+def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5,
+                      dtype: torch.dtype = torch.float32) -> float:
+    """Best observed FLOP/s of an n x n matmul in `dtype` on `device` (with the current thread count).
 
-    Measured, not looked up: MFU is then "fraction of what this machine did on a dense fp32
-    matmul in the same process", comparable across runs on one machine. One warm-up, then timed
+    Measured, not looked up: MFU is then "fraction of what this machine did on a dense matmul in the
+    run's compute dtype in the same process", comparable across runs on one machine. One warm-up, then timed
     repeats until `budget_s` (at least one, at most 20). Cached per process.
     """
     dev = torch.device(device)
     g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(dev)
-    b = torch.randn(n, n, generator=g).to(dev)
+    a = torch.randn(n, n, generator=g).to(dev, dtype)
+    b = torch.randn(n, n, generator=g).to(dev, dtype)
 
     def sync():
         if dev.type == "cuda":

@@ -798,8 +798,13 @@ class _Trainer:
                                     masked_per_seq * seq / max(mean_len, 1.0), sparse=True)
         tps = st.tokens / st.train_s if st.train_s else None
         pps = st.positions / st.train_s if st.train_s else None
-        peak = matmul_peak_flops(self.device.type if self.device.type != "cuda" else str(self.device)) \
-            if self.dist.main else None
+        # The peak in the dtype the matmuls run in (bf16 under autocast): against an fp32 peak a bf16 run
+        # reads above 1 (1.2 on an H200). 2048^3 is launch-bound on a large GPU, so CUDA times 8192^3.
+        dtype = resolve_precision(cfg.impl.precision, self.device) or torch.float32
+        precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+        n = 8192 if self.device.type == "cuda" else 2048
+        peak = matmul_peak_flops(self.device.type if self.device.type != "cuda" else str(self.device), n=n,
+                                 dtype=dtype) if self.dist.main else None
         metrics = {
             **ev,
             "tokens_seen": st.tokens, "steps": st.step, "sequences_seen": st.sequences,
@@ -808,9 +813,9 @@ class _Trainer:
             "tokens_per_s": tps,
             # world-size processes share the work; the peak is one device's, so divide by world
             "mfu": (fpt * pps / (peak * self.dist.world)) if (pps and peak) else None,
-            "flops_per_token": fpt, "peak_flops": peak, "peak_kind": "fp32 matmul 2048^3, measured",
+            "flops_per_token": fpt, "peak_flops": peak, "peak_kind": f"{precision} matmul {n}^3, measured",
             "params": self.params, "vocab_size": self.vocab, "wall_s": wall, "time_s": st.train_s,  # time_s: seconds inside training steps
-            "final_loss": st.last_loss, "device": str(self.device), "precision": cfg.impl.precision,
+            "final_loss": st.last_loss, "device": str(self.device), "precision": precision,
             "world_size": self.dist.world, "budget": f"{cfg.train.amount:g} {cfg.train.budget}",
         }
         if self.dist.main:

@@ -115,3 +115,20 @@ def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
     tok = train_tokenizer([[t] for t in data.text_a], cfg.tokenizer, lay.data_dir(cfg.data_hash()) / "tokenizer")
     want = [len(x) for x in tok(data.text_a, truncation=True, max_length=32)["input_ids"]]
     assert list(_row_lengths(cfg, lay, data)) == want
+
+
+def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monkeypatch):
+    """The step is timed where training will run (study.train.resolve_device): a run that asks for CUDA on
+    a machine without it is the same error naming impl.device, exit 2 and nothing written; on CPU the plan
+    says on stderr which model it is timing and where (the gpu profiles take minutes on a CPU)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    results = tmp_path / "r"
+    assert main(["--results", str(results), "plan", str(spec), "--json"]) == 0
+    assert "plan: timing 6 steps of L1/H32 at batch 8 x 32 on cpu" in capsys.readouterr().err
+    cuda = tmp_path / "cuda.yaml"
+    cuda.write_text(spec.read_text().replace("defaults:\n", "defaults:\n  impl: {device: cuda}\n"))
+    assert main(["--results", str(results), "plan", str(cuda)]) == 2
+    err = capsys.readouterr().err
+    assert "impl.device" in err and "auto, cpu" in err
+    assert not results.exists() or not any(results.rglob("*"))

@@ -457,8 +457,11 @@ def test_bf16_autocast_tracks_fp32(corpus, layout, tmp_path):
     for prec in ("fp32", "bf16"):
         cfg = make_cfg(corpus, train__amount=20, impl__precision=prec)
         lay = layout(prec)
-        train_run(cfg, lay, quiet=True)
+        m = train_run(cfg, lay, quiet=True)
         curves[prec] = np.array(losses(lay.run_dir(cfg.run_hash())))
+        # MFU's peak is measured in the dtype the run computes in, and the resolved precision is recorded
+        assert (m["precision"], m["peak_kind"]) == (prec, f"{prec} matmul 2048^3, measured")
+        assert m["peak_flops"] > 0 and m["mfu"] > 0
     rel = np.max(np.abs(curves["bf16"] - curves["fp32"]) / curves["fp32"])
     assert 0 < rel < 0.02, rel  # > 0: autocast really ran in bf16
 
