@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 # the CPU tests' fixtures and helpers: one tiny corpus, one prepared data folder, one config builder
 from test_finetune import make_cfg as finetune_cfg  # noqa: E402
 from test_finetune import make_glue, write_model  # noqa: E402
-from test_model import CFG, VOCAB, batch, grads  # noqa: E402
+from test_model import CFG, VOCAB, batch, sparse_and_full  # noqa: E402
 from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cfg, weights  # noqa: E402,F401
 
 from study.config import ImplConfig, RunConfig  # noqa: E402
@@ -53,15 +53,7 @@ def _max_diff(a, b) -> float:
 
 def test_sparse_head_and_sdpa_are_loss_neutral_on_cuda(record):
     # the sparse MLM head (masked positions only) against the full head: loss and every gradient, fp32
-    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1).to(CUDA)
-    b = _on_cuda(batch())
-    outs, gs = [], []
-    for sparse in (True, False):
-        m.zero_grad()
-        o = pretraining_loss(m, **b, sparse=sparse)
-        o.loss.backward()
-        outs.append(o)
-        gs.append(grads(m))
+    outs, gs = sparse_and_full(build_model(CFG, VOCAB, True, ImplConfig(), seed=1).to(CUDA), _on_cuda(batch()))
     grad_diff = max(float((gs[0][n] - gs[1][n]).abs().max()) for n in gs[0])
     assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
     assert int(outs[0].mlm_correct) == int(outs[1].mlm_correct)

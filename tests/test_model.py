@@ -33,16 +33,20 @@ def grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_sparse_head_equals_full_head_loss_and_grads():
-    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
-    b = batch()
+def sparse_and_full(model, b: dict) -> tuple[list, list]:
+    """The loss outputs and gradients of one batch with the sparse MLM head, then with the full head."""
     outs, gs = [], []
     for sparse in (True, False):
-        m.zero_grad()
-        o = pretraining_loss(m, **b, sparse=sparse)
+        model.zero_grad()
+        o = pretraining_loss(model, **b, sparse=sparse)
         o.loss.backward()
         outs.append(o)
-        gs.append(grads(m))
+        gs.append(grads(model))
+    return outs, gs
+
+
+def test_sparse_head_equals_full_head_loss_and_grads():
+    outs, gs = sparse_and_full(build_model(CFG, VOCAB, True, ImplConfig(), seed=1), batch())
     assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
     assert outs[0].mlm_correct == outs[1].mlm_correct and outs[0].mlm_count == outs[1].mlm_count
     assert gs[0].keys() == gs[1].keys()
