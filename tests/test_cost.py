@@ -122,7 +122,10 @@ def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monke
     a machine without it is the same error naming impl.device, exit 2 and nothing written; on CPU the plan
     says on stderr which model it is timing and where (the gpu profiles take minutes on a CPU)."""
     import torch
+
+    from study import cost
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cost, "_STEP_TIMES", {})  # timings are cached per process: time this shape again
     results = tmp_path / "r"
     assert main(["--results", str(results), "plan", str(spec), "--json"]) == 0
     assert "plan: timing 6 steps of L1/H32 at batch 8 x 32 on cpu" in capsys.readouterr().err
