@@ -87,18 +87,12 @@ def _run_device(cfg: RunConfig):
     return device, autocast_factory(device, resolve_precision(cfg.impl.precision, device))
 
 
-def _sync(device) -> None:
-    """Wait for queued GPU work: CUDA launches return before the step is done."""
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time_steps(cfg: RunConfig, n: int = 6) -> float:
     import sys
 
     import torch
 
+    from .evaluate import device_sync
     from .model import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     device, autocast = _run_device(cfg)
@@ -114,7 +108,7 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
     ids, labels = ids.to(device), labels.to(device)
     times = []
     for _ in range(n):
-        _sync(device)
+        device_sync(device)
         start = time.perf_counter()
         with autocast():
             out = pretraining_loss(model, ids, torch.ones_like(ids), torch.zeros_like(ids), labels,
@@ -123,7 +117,7 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
         out.loss.backward()
         opt.step()
         opt.zero_grad()
-        _sync(device)
+        device_sync(device)
         times.append(time.perf_counter() - start)
     return min(times[1:])  # the first step pays for allocation
 
@@ -185,7 +179,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
             start = time.perf_counter()
             with _autocast(cfg.impl, device):
                 logits = model(**_collate(rows, idx, device))
-            loss = torch.nn.functional.cross_entropy(logits.float(), torch.from_numpy(rows.labels[idx]).to(device))
+            loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(rows.labels[idx]).to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -145,6 +145,15 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
     }
 
 
+def device_sync(dev: torch.device) -> None:
+    """Wait for the device's queued work (CUDA and MPS launches return before the kernel is done), so
+    that a wall-clock timer around it measures the work."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
 @functools.lru_cache(maxsize=None)
 def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5,
                       dtype: torch.dtype = torch.float32) -> float:
@@ -158,20 +167,13 @@ def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5,
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(dev, dtype)
     b = torch.randn(n, n, generator=g).to(dev, dtype)
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elif dev.type == "mps":
-            torch.mps.synchronize()
-
     torch.mm(a, b)  # warm-up (allocations, kernel selection)
-    sync()
+    device_sync(dev)
     best, start = float("inf"), time.perf_counter()
     for _ in range(20):
         t0 = time.perf_counter()
         torch.mm(a, b)
-        sync()
+        device_sync(dev)
         best = min(best, time.perf_counter() - t0)
         if time.perf_counter() - start > budget_s:
             break

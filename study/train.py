@@ -572,7 +572,8 @@ class _Trainer:
                                      betas=(cfg.train.beta1, cfg.train.beta2), eps=cfg.train.eps,
                                      **({"fused": True} if self.fused else {}))
         self.schedule = Schedule(cfg.train.schedule, cfg.train.warmup)
-        self.autocast = autocast_factory(device, resolve_precision(cfg.impl.precision, device))
+        self.dtype = resolve_precision(cfg.impl.precision, device)  # None: plain fp32
+        self.autocast = autocast_factory(device, self.dtype)
         _seed_dropout(cfg.seed, dist.rank, device)
         self.state = TrainState(started=_now())
         self._resume()
@@ -800,7 +801,7 @@ class _Trainer:
         pps = st.positions / st.train_s if st.train_s else None
         # The peak in the dtype the matmuls run in (bf16 under autocast): against an fp32 peak a bf16 run
         # reads above 1 (1.2 on an H200). 2048^3 is launch-bound on a large GPU, so CUDA times 8192^3.
-        dtype = resolve_precision(cfg.impl.precision, self.device) or torch.float32
+        dtype = self.dtype or torch.float32
         precision = "bf16" if dtype == torch.bfloat16 else "fp32"
         n = 8192 if self.device.type == "cuda" else 2048
         peak = matmul_peak_flops(self.device.type if self.device.type != "cuda" else str(self.device), n=n,
@@ -830,7 +831,7 @@ class _Trainer:
                 "run_hash": cfg.run_hash(), "data_hash": cfg.data_hash(), "provenance": provenance(str(self.device)),
                 "wall_s": wall, "device": str(self.device), "params": self.params, "started": st.started,
                 "finished": _now(), "sessions": st.sessions, "world_size": self.dist.world,
-                "precision": str(resolve_precision(cfg.impl.precision, self.device) or torch.float32),
+                "precision": str(self.dtype or torch.float32),
                 "impl": cfg.impl.model_dump(mode="json"),
                 "dropout_masks": self.dropout_masks,
                 "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
