@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .io import hash_obj
+from study.io import hash_obj
 
 
 class Strict(BaseModel):

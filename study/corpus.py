@@ -23,8 +23,8 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from .config import CorpusConfig, CorpusSource
-from .errors import StudyError
+from study.config import CorpusConfig, CorpusSource
+from study.errors import StudyError
 
 Doc = list[str]
 

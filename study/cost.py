@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from .config import RunConfig
+from study.config import RunConfig
 
 _STEP_TIMES: dict[tuple, float] = {}  # one measurement per model shape and batch per process
 TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does not exist yet
@@ -82,7 +82,7 @@ def _run_device(cfg: RunConfig):
     """The device and autocast the pre-training run will use (study.train's own resolution), so that a
     plan made on a GPU machine times GPU steps in bf16, not CPU ones. impl.device=cuda on a machine
     without one is the same StudyError naming impl.device that training raises."""
-    from .train import Dist, autocast_factory, resolve_device, resolve_precision
+    from study.train import Dist, autocast_factory, resolve_device, resolve_precision
     device = resolve_device(cfg.impl.device, Dist())
     return device, autocast_factory(device, resolve_precision(cfg.impl.precision, device))
 
@@ -92,8 +92,8 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
 
     import torch
 
-    from .evaluate import device_sync
-    from .model import build_model, pretraining_loss
+    from study.evaluate import device_sync
+    from study.model import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     device, autocast = _run_device(cfg)
     m = cfg.model
@@ -156,8 +156,8 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     import numpy as np
     import torch
 
-    from .finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
-    from .model import build_model
+    from study.finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
+    from study.model import build_model
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
     device = _device(cfg.impl)  # fine-tuning's own device and precision, as for pre-training above
     key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, str(device),
@@ -198,9 +198,9 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
     """
     import math
 
-    from .errors import StudyError
-    from .finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
-    from .tasks import HUB, load_task
+    from study.errors import StudyError
+    from study.finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
+    from study.tasks import HUB, load_task
     ft = cfg.finetune
     if ft.glue_dir == HUB:
         return None
@@ -230,7 +230,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
 
 def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
     """What fine-tuning of one encoder has not written yet: task -> (seeds, probe)."""
-    from .finetune import result_path
+    from study.finetune import result_path
     ft, fh = cfg.finetune, cfg.finetune_hash()
 
     def missing(task: str, mode: str) -> int:
@@ -241,7 +241,7 @@ def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
 def study_finetune_seconds(runs, layout) -> tuple[dict[str, float | None], float | None]:
     """Fine-tuning still to do for a study's runs (per run hash) and their random-init baselines
     (together: runs share them). A None anywhere means some task's size is unknown here."""
-    from .finetune import baseline_key
+    from study.finetune import baseline_key
     per_run = {r.run_hash: finetune_seconds(r.config, layout, _todo(r.config, layout, r.run_hash)) for r in runs}
     seen: dict[str, float | None] = {}
     for r in runs:

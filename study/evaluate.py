@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import RunConfig
-from .model import pretraining_loss
+from study.config import RunConfig
+from study.model import pretraining_loss
 
 EVAL_BATCH = 64            # fixed, so results do not depend on the training batch size
 SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs
@@ -50,7 +50,7 @@ class EvalSet:
 def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
     """n rows spread over the whole split (instances come in corpus order; the first n would all be
     from the first documents), chosen by a fixed seed and kept in corpus order."""
-    from .masking import reference_masking
+    from study.masking import reference_masking
 
     rows = np.sort(np.random.default_rng(ROW_SEED).permutation(len(inst.input_ids))[:n])
     ids = torch.as_tensor(np.asarray(inst.input_ids[rows]), dtype=torch.long)
@@ -64,7 +64,7 @@ def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
 
 def reference_set(cfg: RunConfig, prepared) -> EvalSet:
     """The first `train.eval_sequences` reference instances of the valid split, reference-masked."""
-    from .instances import reference_instances
+    from study.instances import reference_instances
 
     inst = reference_instances(prepared.split("valid"), cfg.objective.max_seq_len, prepared.special)
     return _masked_set(inst, min(cfg.train.eval_sequences, len(inst.input_ids)), prepared.special, False)
@@ -74,8 +74,8 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     """Valid instances with the run's objective (fixed seed) for NSP/SOP accuracy; None without a task."""
     if cfg.objective.sentence == "none":
         return None
-    from .errors import StudyError
-    from .instances import build_instances
+    from study.errors import StudyError
+    from study.instances import build_instances
 
     try:
         inst = build_instances(prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED,

@@ -38,12 +38,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .config import ImplConfig, RunConfig
-from .errors import StudyError
-from .io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
-from .paths import Layout
-from .provenance import provenance
-from .tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+from study.config import ImplConfig, RunConfig
+from study.errors import StudyError
+from study.io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
+from study.paths import Layout
+from study.provenance import provenance
+from study.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 
 # Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
 ADAM_BETAS = (0.9, 0.999)
@@ -115,10 +115,10 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
         if (model_dir / "tokenizer.json").is_file():
             tok, where = _load_tokenizer(model_dir), str(model_dir)
         else:
-            from .data import prepare_data
+            from study.data import prepare_data
             prepared = prepare_data(cfg, layout, progress=not quiet)
             tok, where = prepared.tokenizer, str(prepared.dir)
-        from .model import build_model
+        from study.model import build_model
         model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
         return _Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
 
@@ -142,7 +142,7 @@ def _load_tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         raise StudyError(f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
                          field="run", source=str(model_dir))
-    from .tokenizer import load_tokenizer
+    from study.tokenizer import load_tokenizer
     return load_tokenizer(model_dir)
 
 

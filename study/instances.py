@@ -38,9 +38,9 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .config import ObjectiveConfig
-from .errors import StudyError
-from .tokens import SpecialIds, TokenizedSplit
+from study.config import ObjectiveConfig
+from study.errors import StudyError
+from study.tokens import SpecialIds, TokenizedSplit
 
 REFERENCE_SEED = 1234
 _TAG = 0x1257  # keeps instance streams apart from other streams derived from the same run seed

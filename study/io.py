@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import faults
+from study import faults
 
 
 def canonical_json(obj: Any) -> str:

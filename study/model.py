@@ -22,8 +22,8 @@ from transformers import AttentionInterface, BertConfig, BertForPreTraining
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.models.bert.modeling_bert import eager_attention_forward
 
-from .config import ImplConfig, ModelConfig
-from .errors import StudyError
+from study.config import ImplConfig, ModelConfig
+from study.errors import StudyError
 
 IGNORE = -100
 

@@ -17,10 +17,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from .config import RunConfig
-from .errors import StudyError
-from .io import atomic_write_json, read_json
-from .paths import Layout
+from study.config import RunConfig
+from study.errors import StudyError
+from study.io import atomic_write_json, read_json
+from study.paths import Layout
 
 # Scoring the same weights on another thread count or device reorders float sums: the loss moves in
 # its last digits and an argmax whose top two logits tie within rounding may flip. Beyond that, the
@@ -73,10 +73,10 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     from transformers import BertForPreTraining
     from transformers.utils import logging as hf_logging
 
-    from .data import prepare_data
-    from .evaluate import evaluate, reference_set, sentence_set
-    from .provenance import provenance
-    from .train import Dist, autocast_factory, resolve_device, resolve_precision
+    from study.data import prepare_data
+    from study.evaluate import evaluate, reference_set, sentence_set
+    from study.provenance import provenance
+    from study.train import Dist, autocast_factory, resolve_device, resolve_precision
 
     run_hash = cfg.run_hash()
     run_dir = layout.run_dir(run_hash)

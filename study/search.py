@@ -36,12 +36,12 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from .config import RunConfig
-from .errors import Diverged, StudyError
-from .io import atomic_write_json, atomic_write_text, file_lock, read_json
-from .paths import Layout
-from .searchspec import FINETUNE_MODES, PRETRAIN_METRICS, SPLIT_KEYS, ParamSpec, SearchSpec
-from .spec import Study, _known_keys, _pydantic_error, _set_dotted, _suggest, load_study
+from study.config import RunConfig
+from study.errors import Diverged, StudyError
+from study.io import atomic_write_json, atomic_write_text, file_lock, read_json
+from study.paths import Layout
+from study.searchspec import FINETUNE_MODES, PRETRAIN_METRICS, SPLIT_KEYS, ParamSpec, SearchSpec
+from study.spec import Study, _known_keys, _pydantic_error, _set_dotted, _suggest, load_study
 
 HEARTBEAT_ATTR = "study:heartbeat"   # journal storage: unix time of the trial's last heartbeat
 STORAGE_HELP = "sqlite:///path.db, postgresql://user@host/db, journal:///path/to/file.log"
@@ -82,7 +82,7 @@ def load_search(path: str | Path, profile: str | None = None) -> tuple[Study, Se
                          "defaults.impl.eval_every > 0", field="search.pruner.kind", source=source,
                          allowed="wilcoxon (across seeds), none")
     _check_objective(search, probes, source)
-    from .train import check_config  # what the trainer itself would refuse (e.g. batch vs grad_accum)
+    from study.train import check_config  # what the trainer itself would refuse (e.g. batch vs grad_accum)
     for cfg in probes:
         try:
             check_config(cfg)
@@ -130,7 +130,7 @@ def _check_objective(search: SearchSpec, probes: list[RunConfig], source: str) -
         if len(parts) != 3:
             raise StudyError(f"unknown objective metric '{metric}'", field=field, source=source,
                              allowed=", ".join(PRETRAIN_METRICS) + ", or TASK/finetune|probe/METRIC e.g. SST-2/finetune/accuracy")
-        from .tasks import TASKS  # lazy: GLUE metadata only when a downstream objective is asked for
+        from study.tasks import TASKS  # lazy: GLUE metadata only when a downstream objective is asked for
         task, mode, name = parts
         if task not in TASKS:
             raise StudyError(f"unknown task '{task}' in '{metric}'", field=field, source=source, allowed=", ".join(TASKS))
@@ -492,7 +492,7 @@ class Objective:
 
             train = self.train_fn
             if train is None:
-                from .train import train_run as train
+                from study.train import train_run as train
             try:
                 train(cfg, self.layout, quiet=self.quiet, on_eval=on_eval)
             except Diverged as exc:
@@ -554,7 +554,7 @@ class Objective:
         cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"tasks": tasks})})
         fn = self.finetune_fn
         if fn is None:
-            from .finetune import finetune_run as fn
+            from study.finetune import finetune_run as fn
         h, fh = cfg.run_hash(), cfg.finetune_hash()
         fn(cfg, self.layout, quiet=self.quiet)  # locks per (run, task) itself: two workers never duplicate work
         out = {}

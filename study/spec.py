@@ -25,10 +25,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config import RunConfig
-from .errors import StudyError
-from .paths import Layout
-from .searchspec import SearchSpec
+from study.config import RunConfig
+from study.errors import StudyError
+from study.paths import Layout
+from study.searchspec import SearchSpec
 
 
 class ReportHints(BaseModel):
@@ -100,7 +100,7 @@ class Study:
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
-        from .finetune import baseline_key  # lazy: spec parsing must not import torch
+        from study.finetune import baseline_key  # lazy: spec parsing must not import torch
         runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
                  "status": p.status(layout),
                  "baseline_key": baseline_key(p.config) if p.config.finetune.baseline else None}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import StudyError
+from study.errors import StudyError
 
 SPLITS = ("train", "dev", "test")
 HUB = "hub"

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .config import TokenizerConfig
-from .tokens import SpecialIds, TokenizedSplit
+from study.config import TokenizerConfig
+from study.tokens import SpecialIds, TokenizedSplit
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0
 

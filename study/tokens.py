@@ -65,7 +65,7 @@ class TokenizedSplit:
     def save(self, path: Path) -> None:
         """Write as one .npz, atomically (study.io)."""
         import io
-        from .io import atomic_write_bytes
+        from study.io import atomic_write_bytes
         buf = io.BytesIO()
         np.savez(buf, ids=self.ids, sent_starts=self.sent_starts, doc_starts=self.doc_starts)
         atomic_write_bytes(path, buf.getvalue())

@@ -56,11 +56,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from . import faults
-from .config import RunConfig
-from .errors import Diverged, StudyError
-from .io import atomic_dir, atomic_write_bytes, atomic_write_json, file_lock, read_json
-from .paths import Layout
+from study import faults
+from study.config import RunConfig
+from study.errors import Diverged, StudyError
+from study.io import atomic_dir, atomic_write_bytes, atomic_write_json, file_lock, read_json
+from study.paths import Layout
 
 NAN_ENV = "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of step k (1-based) becomes NaN; "<hash>:k" for one run
 CKPT_MAGIC = b"STUDYCKPT1\n"
@@ -320,7 +320,7 @@ class Batches:
                 if ie == 0 and self._first is not None:
                     inst = self._first
                 else:
-                    from .instances import build_instances
+                    from study.instances import build_instances
                     inst = build_instances(self.prepared.split("train"), self.cfg.objective, self.special,
                                            self.cfg.seed, epoch=ie)
                 ss = np.random.SeedSequence([self.cfg.seed, epoch, ORDER_TAG])
@@ -337,7 +337,7 @@ class Batches:
         return (epoch, b + 1) if b + 1 < self.batches_per_epoch(epoch) else (epoch + 1, 0)
 
     def make(self, epoch: int, b: int) -> dict:
-        from .masking import mask_rows
+        from study.masking import mask_rows
         inst, att_all, perm = self._epoch(epoch)
         B = self.B
         rows = perm[b * B:(b + 1) * B]
@@ -388,7 +388,7 @@ class _LossModule(nn.Module):
         self.model, self.sparse = model, sparse
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, sentence_label, w_mlm, w_sent):
-        from .model import pretraining_loss
+        from study.model import pretraining_loss
         out = pretraining_loss(self.model, input_ids, attention_mask, token_type_ids, labels,
                                sentence_label, sparse=self.sparse, accuracy=False)
         zero = out.mlm_loss.new_zeros(())
@@ -531,7 +531,7 @@ class _Trainer:
 
     # ---- setup
     def _prepare(self):
-        from .data import prepare_data
+        from study.data import prepare_data
         cfg, dist = self.cfg, self.dist
         if dist.main:
             prepared = prepare_data(cfg, self.layout, progress=not self.quiet)
@@ -541,9 +541,9 @@ class _Trainer:
         return prepared
 
     def run(self) -> dict:
-        from .evaluate import reference_set, sentence_set
-        from .instances import build_instances
-        from .model import build_model, use_bits_dropout
+        from study.evaluate import reference_set, sentence_set
+        from study.instances import build_instances
+        from study.model import build_model, use_bits_dropout
 
         cfg, dist, device = self.cfg, self.dist, self.device
         prepared = self._prepare()
@@ -683,7 +683,7 @@ class _Trainer:
 
     # ---- evaluation
     def _evaluate(self) -> dict:
-        from .evaluate import evaluate
+        from study.evaluate import evaluate
         res = None
         if self.dist.main:
             res = evaluate(self.model, self.ref, self.sent, self.device, self.autocast, self.cfg.impl.sparse_head)
@@ -783,9 +783,9 @@ class _Trainer:
 
     # ---- results
     def _finish(self) -> dict:
-        from .evaluate import matmul_peak_flops
-        from .model import model_flops_per_token
-        from .provenance import provenance
+        from study.evaluate import matmul_peak_flops
+        from study.model import model_flops_per_token
+        from study.provenance import provenance
 
         cfg, st = self.cfg, self.state
         wall = st.wall_s + (time.perf_counter() - self.session_start)
@@ -849,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Also the torchrun entry point: `torchrun --nproc_per_node 2 -m study.train cfg.json`.
     """
-    from .errors import EXIT_DIVERGED, EXIT_USAGE
+    from study.errors import EXIT_DIVERGED, EXIT_USAGE
     ap = argparse.ArgumentParser(prog="python -m study.train")
     ap.add_argument("config", help="a RunConfig as JSON (e.g. a run folder's config.json)")
     ap.add_argument("--results", default="results")
