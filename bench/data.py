@@ -5,7 +5,7 @@ Corpora: the embedded Wikipedia sample (gensim wheel) and WikiText-2 raw valid+t
 trained on all of it, then each corpus is tokenized
 
   plain   `encode_batch` over whole sentences (the Rust reference path)
-  cache   study.tokenizer's word cache: Rust once per distinct word, numpy gather (the default)
+  cache   study.data.tokenizer's word cache: Rust once per distinct word, numpy gather (the default)
 
 with TOKENIZERS_PARALLELISM false and true (best of --repeat), and the ids are checked identical.
 Instances: build_instances on the tokenized corpus for every objective format, epoch 0.
@@ -55,9 +55,9 @@ def main() -> int:
     import numpy as np
 
     from study.config import ObjectiveConfig, TokenizerConfig
-    from study.corpus import read_embedded, read_wikitext
-    from study.instances import build_instances
-    from study.tokenizer import special_ids, tokenize_docs, train_tokenizer
+    from study.data.corpus import read_embedded, read_wikitext
+    from study.data.instances import build_instances
+    from study.data.tokenizer import special_ids, tokenize_docs, train_tokenizer
 
     print(f"cpus available: {len(os.sched_getaffinity(0))}, load average: {os.getloadavg()[0]:.2f}")
     corpora: dict[str, list[list[str]]] = {}

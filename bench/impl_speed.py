@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from study.cost import _time_steps
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     from study.paths import Layout
     from study.spec import load_study
     from study.train import train_run

@@ -93,7 +93,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     from optuna.trial import TrialState
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     from study.paths import Layout
     from study.search import run_search
     from study.spec import load_study

@@ -76,7 +76,7 @@ def baseline(cfg, prepared, steps: int) -> dict:
                               TrainingArguments)
 
     from study.config import ImplConfig
-    from study.instances import build_instances
+    from study.data.instances import build_instances
     from study.model import build_model
 
     inst = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
@@ -146,7 +146,7 @@ def main() -> int:
 
     import torch
     torch.set_num_threads(args.threads)
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     from study.evaluate import matmul_peak_flops
     from study.model import model_flops_per_token
     from study.paths import Layout

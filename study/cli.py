@@ -87,7 +87,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from study.data import describe, prepare_data
+    from study.data.prepare import describe, prepare_data
     study = _study(args)
     prepared = prepare_data(study.runs[0].config, _layout(args), progress=not args.quiet)
     print(describe(prepared, n=args.samples))
@@ -95,7 +95,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     study = _study(args)
     done = set()
     for run in study.runs:

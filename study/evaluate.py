@@ -50,7 +50,7 @@ class EvalSet:
 def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
     """n rows spread over the whole split (instances come in corpus order; the first n would all be
     from the first documents), chosen by a fixed seed and kept in corpus order."""
-    from study.masking import reference_masking
+    from study.data.masking import reference_masking
 
     rows = np.sort(np.random.default_rng(ROW_SEED).permutation(len(inst.input_ids))[:n])
     ids = torch.as_tensor(np.asarray(inst.input_ids[rows]), dtype=torch.long)
@@ -64,7 +64,7 @@ def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
 
 def reference_set(cfg: RunConfig, prepared) -> EvalSet:
     """The first `train.eval_sequences` reference instances of the valid split, reference-masked."""
-    from study.instances import reference_instances
+    from study.data.instances import reference_instances
 
     inst = reference_instances(prepared.split("valid"), cfg.objective.max_seq_len, prepared.special)
     return _masked_set(inst, min(cfg.train.eval_sequences, len(inst.input_ids)), prepared.special, False)
@@ -75,7 +75,7 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     if cfg.objective.sentence == "none":
         return None
     from study.errors import StudyError
-    from study.instances import build_instances
+    from study.data.instances import build_instances
 
     try:
         inst = build_instances(prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED,

@@ -115,7 +115,7 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
         if (model_dir / "tokenizer.json").is_file():
             tok, where = _load_tokenizer(model_dir), str(model_dir)
         else:
-            from study.data import prepare_data
+            from study.data.prepare import prepare_data
             prepared = prepare_data(cfg, layout, progress=not quiet)
             tok, where = prepared.tokenizer, str(prepared.dir)
         from study.model import build_model
@@ -142,7 +142,7 @@ def _load_tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         raise StudyError(f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
                          field="run", source=str(model_dir))
-    from study.tokenizer import load_tokenizer
+    from study.data.tokenizer import load_tokenizer
     return load_tokenizer(model_dir)
 
 
@@ -215,7 +215,7 @@ def _encode(enc: _Encoder, data: TaskData, max_length: int, layout: Layout, glue
 def _collate(e: _Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
     """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length)."""
     width = max(len(e.ids[i]) for i in idx)
-    ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.tokenizer.SPECIALS)
+    ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.data.tokenizer.SPECIALS)
     types = np.zeros((len(idx), width), dtype=np.int64)
     mask = np.zeros((len(idx), width), dtype=np.int64)
     for r, i in enumerate(idx):

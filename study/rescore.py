@@ -73,7 +73,7 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     from transformers import BertForPreTraining
     from transformers.utils import logging as hf_logging
 
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     from study.evaluate import evaluate, reference_set, sentence_set
     from study.provenance import provenance
     from study.train import Dist, autocast_factory, resolve_device, resolve_precision

@@ -39,9 +39,9 @@ stages:
         - study_runs.yaml:
             - data.${key}.config
       deps:
-        - study/corpus.py
-        - study/tokenizer.py
-        - study/data.py
+        - study/data/corpus.py
+        - study/data/tokenizer.py
+        - study/data/prepare.py
       outs:
         - results/data/${key}
 
@@ -57,8 +57,8 @@ stages:
             - runs.${key}.config
       deps:
         - results/data/${item.data}
-        - study/instances.py
-        - study/masking.py
+        - study/data/instances.py
+        - study/data/masking.py
         - study/model.py
         - study/train.py
         - study/evaluate.py

@@ -320,7 +320,7 @@ class Batches:
                 if ie == 0 and self._first is not None:
                     inst = self._first
                 else:
-                    from study.instances import build_instances
+                    from study.data.instances import build_instances
                     inst = build_instances(self.prepared.split("train"), self.cfg.objective, self.special,
                                            self.cfg.seed, epoch=ie)
                 ss = np.random.SeedSequence([self.cfg.seed, epoch, ORDER_TAG])
@@ -337,7 +337,7 @@ class Batches:
         return (epoch, b + 1) if b + 1 < self.batches_per_epoch(epoch) else (epoch + 1, 0)
 
     def make(self, epoch: int, b: int) -> dict:
-        from study.masking import mask_rows
+        from study.data.masking import mask_rows
         inst, att_all, perm = self._epoch(epoch)
         B = self.B
         rows = perm[b * B:(b + 1) * B]
@@ -531,7 +531,7 @@ class _Trainer:
 
     # ---- setup
     def _prepare(self):
-        from study.data import prepare_data
+        from study.data.prepare import prepare_data
         cfg, dist = self.cfg, self.dist
         if dist.main:
             prepared = prepare_data(cfg, self.layout, progress=not self.quiet)
@@ -542,7 +542,7 @@ class _Trainer:
 
     def run(self) -> dict:
         from study.evaluate import reference_set, sentence_set
-        from study.instances import build_instances
+        from study.data.instances import build_instances
         from study.model import build_model, use_bits_dropout
 
         cfg, dist, device = self.cfg, self.dist, self.device

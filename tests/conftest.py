@@ -34,9 +34,9 @@ def real(tmp_path_factory):
     if not SHARED.exists():
         pytest.skip(f"real data not present at {SHARED} (see ../shared/data/PROVENANCE.md)")
     from study.config import TokenizerConfig
-    from study.corpus import _read_text, strip_gutenberg
-    from study.tokenizer import continuation_mask, load_tokenizer, special_ids, tokenize_docs, train_tokenizer
-    from study.tokens import TokenizedSplit
+    from study.data.corpus import _read_text, strip_gutenberg
+    from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids, tokenize_docs, train_tokenizer
+    from study.data.tokens import TokenizedSplit
     cache = tmp_path_factory.getbasetemp() / "realtext-1m"
     if not (cache / "split.npz").exists():
         docs = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from study.config import CorpusConfig, CorpusSource
-from study.corpus import (load_corpus, read_embedded, read_gutenberg, read_hf, read_text, read_wikitext,
+from study.data.corpus import (load_corpus, read_embedded, read_gutenberg, read_hf, read_text, read_wikitext,
                           split_sentences, strip_gutenberg, _read_text)
 from study.errors import StudyError
 

@@ -108,7 +108,7 @@ def test_row_lengths_and_padded_batch_width(spec, tmp_path):
 
 
 def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
-    from study.tokenizer import train_tokenizer
+    from study.data.tokenizer import train_tokenizer
     cfg = load_study(spec).runs[0].config
     lay = Layout(root=tmp_path / "r")
     data = load_task("SST-2", cfg.finetune.glue_dir, "train")

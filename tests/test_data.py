@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import study.corpus as corpus_mod
+import study.data.corpus as corpus_mod
 from study.cli import main
 from study.config import RunConfig
-from study.data import prepare_data, verify
+from study.data.prepare import prepare_data, verify
 from study.errors import StudyError
 from study.paths import Layout
-from study.tokens import TokenizedSplit
+from study.data.tokens import TokenizedSplit
 
 WORDS = ("the cat sat on a mat while dogs ran across green fields and birds sang loudly in tall trees "
          "near old stone walls under grey clouds").split()
@@ -125,7 +125,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tiny, caplog, damage):
     else:
         (p.dir / "manifest.json").unlink()
     assert verify(p.dir, cfg.data_hash()) is not None
-    with caplog.at_level(logging.WARNING, logger="study.data"):
+    with caplog.at_level(logging.WARNING, logger="study.data.prepare"):
         q = prepare_data(cfg, layout, progress=False)
     assert "rebuilding" in caplog.text
     assert verify(q.dir, cfg.data_hash()) is None
@@ -216,8 +216,8 @@ NASTY = ["café naïve 😀 x\u00a0y Straße ﬁne", "中文字符 mixed 日本"
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lowercase):
     from study.config import TokenizerConfig
-    from study.corpus import _read_text, strip_gutenberg
-    from study.tokenizer import encode_sentences, train_tokenizer
+    from study.data.corpus import _read_text, strip_gutenberg
+    from study.data.tokenizer import encode_sentences, train_tokenizer
     lines = [ln for ln in strip_gutenberg(_read_text(shared_data / "gutenberg" / "pg11.txt")).split("\n") if ln.strip()]
     lines += (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").split("\n")[:3000]
     tok = train_tokenizer([lines[:2000]], TokenizerConfig(vocab_size=800, lowercase=lowercase), tmp_path / "tok")
@@ -236,7 +236,7 @@ def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lo
 def test_tokenize_docs_keeps_document_alignment(tiny):
     cfg, layout = tiny
     p = prepare_data(cfg, layout, progress=False)
-    from study.tokenizer import tokenize_docs
+    from study.data.tokenizer import tokenize_docs
     docs = [["Hello cat."], ["", "\x01"], ["The mat.", "", "Dogs ran."]]  # doc 1 has no tokens at all
     sp = tokenize_docs(p.tokenizer, docs, progress=False)
     assert sp.n_docs == 3 and sp.n_sents == 3
@@ -246,7 +246,7 @@ def test_tokenize_docs_keeps_document_alignment(tiny):
 
 # --------------------------------------------------------------------------- describe / CLI
 def test_describe_shows_stats_and_masked_instances(tiny):
-    from study.data import describe
+    from study.data.prepare import describe
     cfg, layout = tiny
     p = prepare_data(cfg, layout, progress=False)
     out = describe(p, n=3)
@@ -278,7 +278,7 @@ def test_cli_data_prints_description(tmp_path, capsys):
 def test_learn_wordpiece_known_example():
     from collections import Counter
 
-    from study.tokenizer import SPECIALS, learn_wordpiece
+    from study.data.tokenizer import SPECIALS, learn_wordpiece
     words = Counter({"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5})
     vocab = learn_wordpiece(words, vocab_size=100, min_frequency=5)
     # pair counts: ##u ##g 20, ##u ##n 16, h ##ug 15, p ##un 12, then a tie at 5 (hug ##s, p ##ug):
@@ -290,7 +290,7 @@ def test_learn_wordpiece_known_example():
 
 def test_tokenizer_training_is_byte_identical_across_builds(tmp_path):
     from study.config import TokenizerConfig
-    from study.tokenizer import train_tokenizer
+    from study.data.tokenizer import train_tokenizer
     docs = [[s] for s in _corpus_text(60, seed=3).split("\n") if s.strip()]
     docs.append(["Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2014 \u201cquoted\u201d text, hyph-en-ated words."])
     cfg = TokenizerConfig(vocab_size=300, min_frequency=1)

@@ -19,7 +19,7 @@ from study.errors import StudyError
 from study.finetune import baseline_key, finetune_baseline, finetune_run, result_path
 from study.model import build_model
 from study.paths import Layout
-from study.tokenizer import train_tokenizer
+from study.data.tokenizer import train_tokenizer
 
 POS = ["good", "great", "lovely", "superb", "fine", "wonderful"]
 NEG = ["bad", "awful", "poor", "dull", "terrible", "boring"]
@@ -178,7 +178,7 @@ def test_same_seed_same_result(done, tmp_path):
     assert len(cached) == 1
     # the cache round trip gives back exactly what the tokenizer gives
     from study.tasks import load_task
-    from study.tokenizer import load_tokenizer
+    from study.data.tokenizer import load_tokenizer
     tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
     enc = ft_mod._Encoder(tok, None, "test")
     data = ft_mod._cap(load_task("SST-2", done["glue"], "train"), 240)
@@ -209,7 +209,7 @@ def test_random_baseline(done):
 
 
 def test_baseline_without_checkpoint_uses_the_data_stage_tokenizer(tmp_path):
-    """No pre-training run yet: the tokenizer comes from study.data.prepare_data (same data_hash)."""
+    """No pre-training run yet: the tokenizer comes from study.data.prepare.prepare_data (same data_hash)."""
     rng = np.random.default_rng(3)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join("\n".join(sentence(rng, i % 2) + " ." for i in range(8)) for _ in range(30)))

@@ -14,8 +14,8 @@ import pytest
 
 from study.config import ObjectiveConfig
 from study.errors import StudyError
-from study.instances import (Instances, build_instances, reference_instances, truncation_counts)
-from study.tokens import SpecialIds, TokenizedSplit
+from study.data.instances import (Instances, build_instances, reference_instances, truncation_counts)
+from study.data.tokens import SpecialIds, TokenizedSplit
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 

@@ -14,9 +14,9 @@ import torch
 
 from study.config import MaskingConfig, ObjectiveConfig
 from study.errors import StudyError
-from study.masking import (_non_special_table, mask_rows, mask_tokens, mask_units, reference_masking,
+from study.data.masking import (_non_special_table, mask_rows, mask_tokens, mask_units, reference_masking,
                            select_units)
-from study.tokens import SpecialIds
+from study.data.tokens import SpecialIds
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
@@ -24,7 +24,7 @@ RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
 @pytest.fixture(scope="session")
 def rows(real):
     """(ids [N, 128] long, special, continuation bool tensor): >= 1M maskable real tokens."""
-    from study.instances import build_instances
+    from study.data.instances import build_instances
     split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none"), sp, seed=0)
     ids = torch.as_tensor(inst.input_ids).long()
@@ -35,7 +35,7 @@ def rows(real):
 @pytest.fixture(scope="session")
 def pair_rows(real):
     """segment_pair rows (a [SEP] in the middle) for the structural span/word checks."""
-    from study.instances import build_instances
+    from study.data.instances import build_instances
     split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="nsp"), sp, seed=0)
     return torch.as_tensor(inst.input_ids[:3000]).long(), sp, torch.as_tensor(cont)
@@ -190,7 +190,7 @@ def test_rates_and_split_real(rows, unit, count):
 
 
 def _clipped_geometric_mean(p, m):
-    # independent of study.masking: sum over the pmf
+    # independent of study.data.masking: sum over the pmf
     k = np.arange(1, m + 1)
     pmf = p * (1 - p) ** (k - 1)
     pmf[-1] = 1 - pmf[:-1].sum()
@@ -281,7 +281,7 @@ def test_mask_tokens_is_mask_units():
 
 def test_mask_rows_equals_per_row_mask_tokens():
     """mask_rows draws per row, selects per batch: row i is exactly mask_tokens(row i, its generator)."""
-    from study.masking import row_generator
+    from study.data.masking import row_generator
     ids = _batch(b=12)
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     keys = [(7, i, 2) for i in range(12)]

@@ -503,7 +503,7 @@ def _storages(tmp_path: Path, kind: str) -> str:
 
 def _prepare(spec: Path, results: Path) -> None:
     """Data once, before the workers, so they race on trials and not on the tokenizer."""
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     prepare_data(load_study(spec).runs[0].config, Layout(root=results), progress=False)
 
 

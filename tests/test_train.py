@@ -62,7 +62,7 @@ def data_dir(corpus, tmp_path_factory) -> Path:
     the ids of equal-count alphabet pieces in hash-map order, which differs between calls, so two
     separate prepare_data calls would not give the same ids (reported to the tokenizer owner).
     """
-    from study.data import prepare_data
+    from study.data.prepare import prepare_data
     cfg = make_cfg(corpus)
     return prepare_data(cfg, Layout(root=tmp_path_factory.mktemp("data")), progress=False).dir
 
@@ -485,7 +485,7 @@ def test_config_errors_name_the_field_before_training(corpus, layout, tmp_path, 
 
 def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, monkeypatch):
     """A data folder whose special ids disagree with its tokenizer (or ids beyond its vocab) is refused."""
-    import study.tokenizer as tokmod
+    import study.data.tokenizer as tokmod
     real = tokmod.special_ids
     monkeypatch.setattr(tokmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7))
     cfg = make_cfg(corpus)

@@ -27,7 +27,7 @@ from study.config import RunConfig
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, file_lock, read_json, sha256_file
 from study.paths import Layout
-from study.tokens import SpecialIds, TokenizedSplit
+from study.data.tokens import SpecialIds, TokenizedSplit
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ def _per_doc_tokens(split: TokenizedSplit) -> np.ndarray:
 
 
 def _build(cfg: RunConfig, out: Path, progress: bool) -> None:
-    from study.corpus import load_corpus
-    from study.tokenizer import tokenize_docs, train_tokenizer
+    from study.data.corpus import load_corpus
+    from study.data.tokenizer import tokenize_docs, train_tokenizer
 
     corpus = load_corpus(cfg.corpus, progress=progress)
     n_docs = len(corpus.train) + len(corpus.valid) + len(corpus.test)
@@ -138,7 +138,7 @@ def _build(cfg: RunConfig, out: Path, progress: bool) -> None:
 
 
 def _load(cfg: RunConfig, folder: Path) -> PreparedData:
-    from study.tokenizer import continuation_mask, load_tokenizer, special_ids
+    from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids
     tok = load_tokenizer(folder / "tokenizer")
     return PreparedData(dir=folder, cfg=cfg, tokenizer=tok, special=special_ids(tok),
                         continuation=continuation_mask(tok), stats=read_json(folder / "stats.json"))
@@ -212,8 +212,8 @@ def describe(prepared: PreparedData, n: int = 3) -> str:
     """
     import torch
 
-    from study.instances import build_instances
-    from study.masking import mask_rows
+    from study.data.instances import build_instances
+    from study.data.masking import mask_rows
 
     cfg, tok, special = prepared.cfg, prepared.tokenizer, prepared.special
     lines = _format_stats(prepared.stats)

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from study.config import TokenizerConfig
-from study.tokens import SpecialIds, TokenizedSplit
+from study.data.tokens import SpecialIds, TokenizedSplit
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0
 

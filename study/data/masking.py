@@ -40,7 +40,7 @@ import torch
 
 from study.config import MaskingConfig
 from study.errors import StudyError
-from study.tokens import SpecialIds
+from study.data.tokens import SpecialIds
 
 IGNORE = -100
 REFERENCE = MaskingConfig(rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact")

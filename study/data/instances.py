@@ -40,7 +40,7 @@ import numpy as np
 
 from study.config import ObjectiveConfig
 from study.errors import StudyError
-from study.tokens import SpecialIds, TokenizedSplit
+from study.data.tokens import SpecialIds, TokenizedSplit
 
 REFERENCE_SEED = 1234
 _TAG = 0x1257  # keeps instance streams apart from other streams derived from the same run seed
