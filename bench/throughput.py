@@ -77,7 +77,7 @@ def baseline(cfg, prepared, steps: int) -> dict:
 
     from study.config import ImplConfig
     from study.data.instances import build_instances
-    from study.model import build_model
+    from study.model.bert import build_model
 
     inst = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
     feats = []
@@ -148,7 +148,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from study.data.prepare import prepare_data
     from study.evaluate import matmul_peak_flops
-    from study.model import model_flops_per_token
+    from study.model.bert import model_flops_per_token
     from study.paths import Layout
 
     layout = Layout(root=Path(args.out) / "results")

@@ -196,7 +196,7 @@ class ImplConfig(Strict):
     # transformers' Trainer default too. The same update within float rounding (tests/test_train.py).
     fused_optimizer: bool = True
     # How training dropout draws its keep masks. "bits": 32 random bits per element read from whole
-    # 64-bit words (study.model.bits_dropout); on CPU torch's bernoulli_ took ~11 ns per element here and
+    # 64-bit words (study.model.bert.bits_dropout); on CPU torch's bernoulli_ took ~11 ns per element here and
     # random_ ~7 ns per 64-bit word, and bernoulli_ was 22% of a bf16 step of config b. Same Bernoulli(1-p)
     # masks and arithmetic, another random stream (tests/test_model.py, tests/test_train.py).
     # "auto": bits on CPU, torch's kernel elsewhere (not measured off CPU).

@@ -93,7 +93,7 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
     import torch
 
     from study.evaluate import device_sync
-    from study.model import build_model, pretraining_loss
+    from study.model.bert import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     device, autocast = _run_device(cfg)
     m = cfg.model
@@ -157,7 +157,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     import torch
 
     from study.finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
-    from study.model import build_model
+    from study.model.bert import build_model
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
     device = _device(cfg.impl)  # fine-tuning's own device and precision, as for pre-training above
     key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, str(device),

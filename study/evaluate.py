@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from study.config import RunConfig
-from study.model import pretraining_loss
+from study.model.bert import pretraining_loss
 
 EVAL_BATCH = 64            # fixed, so results do not depend on the training batch size
 SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs

@@ -118,7 +118,7 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
             from study.data.prepare import prepare_data
             prepared = prepare_data(cfg, layout, progress=not quiet)
             tok, where = prepared.tokenizer, str(prepared.dir)
-        from study.model import build_model
+        from study.model.bert import build_model
         model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
         return _Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
 

@@ -59,7 +59,7 @@ stages:
         - results/data/${item.data}
         - study/data/instances.py
         - study/data/masking.py
-        - study/model.py
+        - study/model/bert.py
         - study/train.py
         - study/evaluate.py
       outs:

@@ -388,7 +388,7 @@ class _LossModule(nn.Module):
         self.model, self.sparse = model, sparse
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, sentence_label, w_mlm, w_sent):
-        from study.model import pretraining_loss
+        from study.model.bert import pretraining_loss
         out = pretraining_loss(self.model, input_ids, attention_mask, token_type_ids, labels,
                                sentence_label, sparse=self.sparse, accuracy=False)
         zero = out.mlm_loss.new_zeros(())
@@ -543,7 +543,7 @@ class _Trainer:
     def run(self) -> dict:
         from study.evaluate import reference_set, sentence_set
         from study.data.instances import build_instances
-        from study.model import build_model, use_bits_dropout
+        from study.model.bert import build_model, use_bits_dropout
 
         cfg, dist, device = self.cfg, self.dist, self.device
         prepared = self._prepare()
@@ -784,7 +784,7 @@ class _Trainer:
     # ---- results
     def _finish(self) -> dict:
         from study.evaluate import matmul_peak_flops
-        from study.model import model_flops_per_token
+        from study.model.bert import model_flops_per_token
         from study.provenance import provenance
 
         cfg, st = self.cfg, self.state

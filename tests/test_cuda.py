@@ -25,7 +25,7 @@ from test_model import CFG, VOCAB, batch, sparse_and_full  # noqa: E402
 from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cfg, weights  # noqa: E402,F401
 
 from study.config import ImplConfig, RunConfig  # noqa: E402
-from study.model import build_model, pretraining_loss  # noqa: E402
+from study.model.bert import build_model, pretraining_loss  # noqa: E402
 from study.train import train_run  # noqa: E402
 
 CUDA = torch.device("cuda")

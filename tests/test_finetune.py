@@ -17,7 +17,7 @@ from study import finetune as ft_mod
 from study.config import RunConfig
 from study.errors import StudyError
 from study.finetune import baseline_key, finetune_baseline, finetune_run, result_path
-from study.model import build_model
+from study.model.bert import build_model
 from study.paths import Layout
 from study.data.tokenizer import train_tokenizer
 

@@ -10,7 +10,7 @@ import torch
 
 from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
-from study.model import bits_dropout, build_model, model_flops_per_token, pretraining_loss, use_bits_dropout
+from study.model.bert import bits_dropout, build_model, model_flops_per_token, pretraining_loss, use_bits_dropout
 
 VOCAB, B, L = 300, 4, 32
 CFG = ModelConfig(layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0,
