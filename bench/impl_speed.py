@@ -47,7 +47,7 @@ def main() -> None:
     from study.data.prepare import prepare_data
     from study.paths import Layout
     from study.spec import load_study
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
 
     base = load_study(args.spec).runs[0].config
     prepared = prepare_data(base, Layout(root=Path(args.results)), progress=False)

@@ -97,7 +97,7 @@ def main() -> None:
     from study.paths import Layout
     from study.search import run_search
     from study.spec import load_study
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-search-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Baseline: stock `BertForPreTraining` + `DataCollatorForLanguageModeling` (15% Bernoulli, 80/10/10) +
 `transformers.Trainer` (AdamW, linear warmup/decay, clipping, same hyper-parameters), fed the same
 segment_pair/NSP instances our trainer builds, with the same initial weights and thread count.
-Ours: `study.train.train_run` (sparse MLM head; on CPU dropout masks from whole 64-bit random words,
+Ours: `study.pretrain.trainer.train_run` (sparse MLM head; on CPU dropout masks from whole 64-bit random words,
 impl.dropout_masks), in fp32 and with bf16 autocast (attention kernel per ATTENTION), and once more in the
 headline precision with torch's dropout kernel. bf16 is an implementation setting proven loss-neutral by
 tests/test_model.py::test_bf16_autocast_matches_fp32_curve, so the headline ratio uses it where the CPU
@@ -12,7 +12,7 @@ computes bf16 natively (AVX512-BF16 or AMX; `--precision` overrides).
 Both are timed over the training loop only (data collation/masking included, evaluation and saving
 not): ours is metrics["time_s"], the baseline is on_train_begin -> on_train_end of a callback.
 Tokens are non-pad tokens. MFU = model_flops_per_token (useful FLOPs: MLM head on predicted positions
-only) x tokens/s / a fp32 matmul peak measured in this process (study.evaluate.matmul_peak_flops).
+only) x tokens/s / a fp32 matmul peak measured in this process (study.pretrain.evaluate.matmul_peak_flops).
 
     .venv/bin/python bench/throughput.py [--steps 30] [--threads N] [--precision best|fp32|bf16]
 
@@ -62,7 +62,7 @@ def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str
 
 
 def ours(cfg, layout) -> dict:
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
     shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)  # train now, not a cached result
     m = train_run(cfg, layout, quiet=True)
     hist = (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
@@ -147,7 +147,7 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from study.data.prepare import prepare_data
-    from study.evaluate import matmul_peak_flops
+    from study.pretrain.evaluate import matmul_peak_flops
     from study.model.bert import model_flops_per_token
     from study.paths import Layout
 

@@ -114,7 +114,7 @@ def cmd_pretrain(args) -> int:
     """Train the study's runs. A failed or diverged run is recorded and the others go on;
     the exit status says what happened (0 all done, 3 a run diverged, 1 a run failed) unless
     --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report."""
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
     worst = 0
@@ -197,8 +197,8 @@ def _guarded(run_dir: Path, fn, label: str) -> int:
 
 
 def cmd_rescore(args) -> int:
-    """Score finished runs again on the fixed reference; add the metrics fields they lack (study/rescore.py)."""
-    from study.rescore import rescore_run
+    """Score finished runs again on the fixed reference; add the metrics fields they lack (study/pretrain/rescore.py)."""
+    from study.pretrain.rescore import rescore_run
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
     failed = added = 0

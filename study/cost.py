@@ -79,10 +79,10 @@ def _run_threads(cfg: RunConfig):
 
 
 def _run_device(cfg: RunConfig):
-    """The device and autocast the pre-training run will use (study.train's own resolution), so that a
+    """The device and autocast the pre-training run will use (study.pretrain.trainer's own resolution), so that a
     plan made on a GPU machine times GPU steps in bf16, not CPU ones. impl.device=cuda on a machine
     without one is the same StudyError naming impl.device that training raises."""
-    from study.train import Dist, autocast_factory, resolve_device, resolve_precision
+    from study.pretrain.trainer import Dist, autocast_factory, resolve_device, resolve_precision
     device = resolve_device(cfg.impl.device, Dist())
     return device, autocast_factory(device, resolve_precision(cfg.impl.precision, device))
 
@@ -92,7 +92,7 @@ def _time_steps(cfg: RunConfig, n: int = 6) -> float:
 
     import torch
 
-    from study.evaluate import device_sync
+    from study.pretrain.evaluate import device_sync
     from study.model.bert import build_model, pretraining_loss
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     device, autocast = _run_device(cfg)

@@ -1,7 +1,7 @@
 """Optuna search over any spec key (issue 6): `study search SPEC` and `study search-best SPEC`.
 
 Each trial is an ordinary run of the harness: the spec's resolved defaults plus the sampled values
-give a RunConfig, trained by `study.train.train_run` into `layout.run_dir(cfg.run_hash())` - the same
+give a RunConfig, trained by `study.pretrain.trainer.train_run` into `layout.run_dir(cfg.run_hash())` - the same
 folder a grid study would use. A trial whose config already has a finished run reuses it; pruned
 trials leave a resumable folder (no status.json) that a later trial or `study run` continues.
 
@@ -82,7 +82,7 @@ def load_search(path: str | Path, profile: str | None = None) -> tuple[Study, Se
                          "defaults.impl.eval_every > 0", field="search.pruner.kind", source=source,
                          allowed="wilcoxon (across seeds), none")
     _check_objective(search, probes, source)
-    from study.train import check_config  # what the trainer itself would refuse (e.g. batch vs grad_accum)
+    from study.pretrain.trainer import check_config  # what the trainer itself would refuse (e.g. batch vs grad_accum)
     for cfg in probes:
         try:
             check_config(cfg)
@@ -406,7 +406,7 @@ class Objective:
     search: SearchSpec
     layout: Layout
     quiet: bool = True
-    train_fn: Callable | None = None      # default study.train.train_run
+    train_fn: Callable | None = None      # default study.pretrain.trainer.train_run
     finetune_fn: Callable | None = None   # default study.finetune.finetune_run
 
     def __call__(self, trial) -> float:
@@ -492,7 +492,7 @@ class Objective:
 
             train = self.train_fn
             if train is None:
-                from study.train import train_run as train
+                from study.pretrain.trainer import train_run as train
             try:
                 train(cfg, self.layout, quiet=self.quiet, on_eval=on_eval)
             except Diverged as exc:

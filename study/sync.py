@@ -60,8 +60,8 @@ stages:
         - study/data/instances.py
         - study/data/masking.py
         - study/model/bert.py
-        - study/train.py
-        - study/evaluate.py
+        - study/pretrain/trainer.py
+        - study/pretrain/evaluate.py
       outs:
         - results/runs/${key}:
             persist: true
@@ -119,7 +119,7 @@ stages:
       deps:
         - study/search.py
         - study/searchspec.py
-        - study/train.py
+        - study/pretrain/trainer.py
       outs:
         - results/search/${key}:
             persist: true

@@ -118,7 +118,7 @@ def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
 
 
 def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monkeypatch):
-    """The step is timed where training will run (study.train.resolve_device): a run that asks for CUDA on
+    """The step is timed where training will run (study.pretrain.trainer.resolve_device): a run that asks for CUDA on
     a machine without it is the same error naming impl.device, exit 2 and nothing written; on CPU the plan
     says on stderr which model it is timing and where (the gpu profiles take minutes on a CPU)."""
     import torch

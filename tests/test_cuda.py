@@ -26,7 +26,7 @@ from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cf
 
 from study.config import ImplConfig, RunConfig  # noqa: E402
 from study.model.bert import build_model, pretraining_loss  # noqa: E402
-from study.train import train_run  # noqa: E402
+from study.pretrain.trainer import train_run  # noqa: E402
 
 CUDA = torch.device("cuda")
 

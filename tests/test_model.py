@@ -141,7 +141,7 @@ def test_tiny_vocab_rejected():
 def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
     """ref_mode_acc is what a collapsed model (the same token everywhere) scores; a run must beat it to
     have learned anything else. Forced here through the MLM decoder bias, for the mode and another token."""
-    from study.evaluate import EvalSet, evaluate, mode_accuracy
+    from study.pretrain.evaluate import EvalSet, evaluate, mode_accuracy
     b = batch()
     b["labels"][0, :6] = 7                       # make token 7 the clear mode of the asked tokens
     b["input_ids"][0, :6] = 4

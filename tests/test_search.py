@@ -332,7 +332,7 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     from optuna.trial import TrialState
     from study.search import open_storage, run_search
     from study.searchspec import SearchSpec
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
     spec = write_spec(tmp_path / "stale.yaml", corpus, search)
     url = f"journal://{tmp_path}/stale.log"
@@ -363,7 +363,7 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus)
     from optuna.trial import TrialState
     from study.search import open_storage, run_search, trials_rows
     from study.searchspec import SearchSpec
-    from study.train import train_run
+    from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=2, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15, 0.3]})
     spec = write_spec(tmp_path / "twice.yaml", corpus, search)
     url = f"sqlite:///{tmp_path}/twice.db"

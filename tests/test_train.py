@@ -20,7 +20,7 @@ import torch
 from study.config import RunConfig
 from study.errors import Diverged, StudyError
 from study.paths import Layout
-from study.train import NAN_ENV, lr_curve, read_checkpoint, train_run
+from study.pretrain.trainer import NAN_ENV, lr_curve, read_checkpoint, train_run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -182,14 +182,14 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     fill = pipeline("fill-mask", model=str(run / "model"), top_k=2)
     assert len(fill("the [MASK] is here")) == 2
     # a second call trains nothing and returns the same metrics
-    monkeypatch.setattr("study.train._Trainer.run", lambda self: pytest.fail("trained a finished run"))
+    monkeypatch.setattr("study.pretrain.trainer._Trainer.run", lambda self: pytest.fail("trained a finished run"))
     assert train_run(cfg, lay, quiet=True) == m
 
 
 def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, layout):
     """`study rescore`: an old run (metrics without ref_mode_acc) gets the field from its saved model;
     stored numbers are never overwritten, and a run whose stored scores do not come back is left alone."""
-    from study.rescore import rescore_run
+    from study.pretrain.rescore import rescore_run
 
     cfg = make_cfg(corpus, train__amount=12, impl__checkpoint_every=100)
     lay = layout("r")
@@ -249,7 +249,7 @@ def _subprocess_env() -> dict:
 
 
 def _driver(cfg_path: Path, results: Path) -> list[str]:
-    return [PY, "-m", "study.train", str(cfg_path), "--results", str(results), "--quiet"]
+    return [PY, "-m", "study.pretrain.trainer", str(cfg_path), "--results", str(results), "--quiet"]
 
 
 @pytest.mark.slow  # four fresh interpreters (torch + transformers imports); the in-process resume is fast
@@ -368,7 +368,7 @@ def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch
     assert [e["step"] for e in events(run) if e["event"] == "diverged"] == [7]
     # calling again does not train: the recorded divergence is raised again
     monkeypatch.delenv(NAN_ENV)
-    monkeypatch.setattr("study.train._Trainer.run", lambda self: pytest.fail("retrained a diverged run"))
+    monkeypatch.setattr("study.pretrain.trainer._Trainer.run", lambda self: pytest.fail("retrained a diverged run"))
     with pytest.raises(Diverged):
         train_run(cfg, lay, quiet=True)
 
@@ -415,7 +415,7 @@ def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(cor
     curves, evals = {}, {}
     for kind, tags in (("torch", (1, 2, 3)), ("bits", (1, 2))):
         for tag in tags:
-            monkeypatch.setattr("study.train.DROPOUT_TAG", tag)
+            monkeypatch.setattr("study.pretrain.trainer.DROPOUT_TAG", tag)
             cfg = make_cfg(corpus, train__amount=40, impl__dropout_masks=kind)
             assert cfg.model.dropout > 0 and cfg.model.attention_dropout > 0
             lay = layout(f"{kind}{tag}")
@@ -519,7 +519,7 @@ def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
     cfg_path.write_text(cfg.model_dump_json())
     ddp = layout("ddp")
     cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), "-m", "study.train", str(cfg_path), "--results", str(ddp.root),
+           "--master_port", str(_free_port()), "-m", "study.pretrain.trainer", str(cfg_path), "--results", str(ddp.root),
            "--quiet"]
     out = subprocess.run(cmd, cwd=REPO, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -74,9 +74,9 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     from transformers.utils import logging as hf_logging
 
     from study.data.prepare import prepare_data
-    from study.evaluate import evaluate, reference_set, sentence_set
+    from study.pretrain.evaluate import evaluate, reference_set, sentence_set
     from study.provenance import provenance
-    from study.train import Dist, autocast_factory, resolve_device, resolve_precision
+    from study.pretrain.trainer import Dist, autocast_factory, resolve_device, resolve_precision
 
     run_hash = cfg.run_hash()
     run_dir = layout.run_dir(run_hash)

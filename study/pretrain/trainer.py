@@ -24,7 +24,7 @@ What it guarantees (each one tested in tests/test_train.py):
   arithmetic), so its test is statistical: the curve moves no further than another dropout stream moves it.
 - Files besides the contract's: events.jsonl (one line per session start, resume, rejected checkpoint,
   divergence; never truncated) so history.jsonl of a resumed run equals an uninterrupted run's.
-- Driver: `python -m study.train CONFIG.json --results DIR` (also under torchrun); exit 2 / 3 as the CLI.
+- Driver: `python -m study.pretrain.trainer CONFIG.json --results DIR` (also under torchrun); exit 2 / 3 as the CLI.
 
 Loss weighting (why not just mean per micro-batch): a micro-batch's MLM mean is multiplied by
 (its masked tokens / the global batch's masked tokens), so summing micro-batches and ranks gives
@@ -541,7 +541,7 @@ class _Trainer:
         return prepared
 
     def run(self) -> dict:
-        from study.evaluate import reference_set, sentence_set
+        from study.pretrain.evaluate import reference_set, sentence_set
         from study.data.instances import build_instances
         from study.model.bert import build_model, use_bits_dropout
 
@@ -683,7 +683,7 @@ class _Trainer:
 
     # ---- evaluation
     def _evaluate(self) -> dict:
-        from study.evaluate import evaluate
+        from study.pretrain.evaluate import evaluate
         res = None
         if self.dist.main:
             res = evaluate(self.model, self.ref, self.sent, self.device, self.autocast, self.cfg.impl.sparse_head)
@@ -783,7 +783,7 @@ class _Trainer:
 
     # ---- results
     def _finish(self) -> dict:
-        from study.evaluate import matmul_peak_flops
+        from study.pretrain.evaluate import matmul_peak_flops
         from study.model.bert import model_flops_per_token
         from study.provenance import provenance
 
@@ -845,12 +845,12 @@ class _Trainer:
 
 # --------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
-    """`python -m study.train CONFIG.json [--results DIR]`: one run from a resolved config.
+    """`python -m study.pretrain.trainer CONFIG.json [--results DIR]`: one run from a resolved config.
 
-    Also the torchrun entry point: `torchrun --nproc_per_node 2 -m study.train cfg.json`.
+    Also the torchrun entry point: `torchrun --nproc_per_node 2 -m study.pretrain.trainer cfg.json`.
     """
     from study.errors import EXIT_DIVERGED, EXIT_USAGE
-    ap = argparse.ArgumentParser(prog="python -m study.train")
+    ap = argparse.ArgumentParser(prog="python -m study.pretrain.trainer")
     ap.add_argument("config", help="a RunConfig as JSON (e.g. a run folder's config.json)")
     ap.add_argument("--results", default="results")
     ap.add_argument("--quiet", action="store_true")
