@@ -148,7 +148,7 @@ def _publish(run_dir: Path, layout: Layout, run_hash: str) -> None:
 
 def cmd_finetune(args) -> int:
     """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline."""
-    from study.finetune import baseline_key, finetune_baseline, finetune_run
+    from study.downstream.finetune import baseline_key, finetune_baseline, finetune_run
     from study.io import atomic_write_json
     study, layout = _study(args), _layout(args)
     if args.baseline:

@@ -161,7 +161,7 @@ class TrainConfig(Strict):
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
 
 
-# The GLUE tasks study/tasks.py reads; named here so a spec with a typo fails at validation time.
+# The GLUE tasks study/downstream/tasks.py reads; named here so a spec with a typo fails at validation time.
 GLUE_TASKS = ("SST-2", "CoLA", "MRPC", "QNLI", "RTE", "STS-B", "MNLI", "WNLI")
 
 

@@ -156,7 +156,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     import numpy as np
     import torch
 
-    from study.finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
+    from study.downstream.finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
     from study.model.bert import build_model
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
     device = _device(cfg.impl)  # fine-tuning's own device and precision, as for pre-training above
@@ -199,8 +199,8 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
     import math
 
     from study.errors import StudyError
-    from study.finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
-    from study.tasks import HUB, load_task
+    from study.downstream.finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
+    from study.downstream.tasks import HUB, load_task
     ft = cfg.finetune
     if ft.glue_dir == HUB:
         return None
@@ -230,7 +230,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
 
 def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
     """What fine-tuning of one encoder has not written yet: task -> (seeds, probe)."""
-    from study.finetune import result_path
+    from study.downstream.finetune import result_path
     ft, fh = cfg.finetune, cfg.finetune_hash()
 
     def missing(task: str, mode: str) -> int:
@@ -241,7 +241,7 @@ def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
 def study_finetune_seconds(runs, layout) -> tuple[dict[str, float | None], float | None]:
     """Fine-tuning still to do for a study's runs (per run hash) and their random-init baselines
     (together: runs share them). A None anywhere means some task's size is unknown here."""
-    from study.finetune import baseline_key
+    from study.downstream.finetune import baseline_key
     per_run = {r.run_hash: finetune_seconds(r.config, layout, _todo(r.config, layout, r.run_hash)) for r in runs}
     seen: dict[str, float | None] = {}
     for r in runs:

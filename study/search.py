@@ -130,7 +130,7 @@ def _check_objective(search: SearchSpec, probes: list[RunConfig], source: str) -
         if len(parts) != 3:
             raise StudyError(f"unknown objective metric '{metric}'", field=field, source=source,
                              allowed=", ".join(PRETRAIN_METRICS) + ", or TASK/finetune|probe/METRIC e.g. SST-2/finetune/accuracy")
-        from study.tasks import TASKS  # lazy: GLUE metadata only when a downstream objective is asked for
+        from study.downstream.tasks import TASKS  # lazy: GLUE metadata only when a downstream objective is asked for
         task, mode, name = parts
         if task not in TASKS:
             raise StudyError(f"unknown task '{task}' in '{metric}'", field=field, source=source, allowed=", ".join(TASKS))
@@ -407,7 +407,7 @@ class Objective:
     layout: Layout
     quiet: bool = True
     train_fn: Callable | None = None      # default study.pretrain.trainer.train_run
-    finetune_fn: Callable | None = None   # default study.finetune.finetune_run
+    finetune_fn: Callable | None = None   # default study.downstream.finetune.finetune_run
 
     def __call__(self, trial) -> float:
         import optuna
@@ -554,7 +554,7 @@ class Objective:
         cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"tasks": tasks})})
         fn = self.finetune_fn
         if fn is None:
-            from study.finetune import finetune_run as fn
+            from study.downstream.finetune import finetune_run as fn
         h, fh = cfg.run_hash(), cfg.finetune_hash()
         fn(cfg, self.layout, quiet=self.quiet)  # locks per (run, task) itself: two workers never duplicate work
         out = {}

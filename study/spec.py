@@ -100,7 +100,7 @@ class Study:
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
-        from study.finetune import baseline_key  # lazy: spec parsing must not import torch
+        from study.downstream.finetune import baseline_key  # lazy: spec parsing must not import torch
         runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
                  "status": p.status(layout),
                  "baseline_key": baseline_key(p.config) if p.config.finetune.baseline else None}

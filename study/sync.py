@@ -86,8 +86,8 @@ stages:
             - runs.${key}.finetune
       deps:
         - results/runs/${key}
-        - study/tasks.py
-        - study/finetune.py
+        - study/downstream/tasks.py
+        - study/downstream/finetune.py
       outs:
         - results/finetune/${key}
 
@@ -101,8 +101,8 @@ stages:
             - baselines.${key}.finetune
       deps:
         - results/data/${item.data}
-        - study/tasks.py
-        - study/finetune.py
+        - study/downstream/tasks.py
+        - study/downstream/finetune.py
       outs:
         - results/finetune/${key}
 
@@ -155,7 +155,7 @@ def _studies(ablations: Path) -> list[tuple[str, Study]]:
 
 
 def runs_document(ablations: Path) -> dict:
-    from study.finetune import baseline_key  # lazy: torch is only needed for the baseline key's module
+    from study.downstream.finetune import baseline_key  # lazy: torch is only needed for the baseline key's module
     runs: dict[str, dict] = {}
     data: dict[str, dict] = {}
     baselines: dict[str, dict] = {}

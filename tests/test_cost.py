@@ -10,10 +10,10 @@ import pytest
 
 from study.cli import main
 from study.cost import TOKENS_PER_WORD, _batch_width, _row_lengths, finetune_seconds, study_finetune_seconds
-from study.finetune import result_path
+from study.downstream.finetune import result_path
 from study.paths import Layout
 from study.spec import load_study
-from study.tasks import load_task
+from study.downstream.tasks import load_task
 
 SPEC = """
 name: tiny

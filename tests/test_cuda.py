@@ -144,7 +144,7 @@ def test_resume_on_cuda_continues_the_run(corpus, layout, record):
 
 
 def test_finetune_on_cuda_learns_the_fixture_task(tmp_path, record):
-    from study.finetune import finetune_run, result_path
+    from study.downstream.finetune import finetune_run, result_path
     from study.paths import Layout
     glue = make_glue(tmp_path / "glue")
     scores = {}

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from study import finetune as ft_mod
+from study.downstream import finetune as ft_mod
 from study.config import RunConfig
 from study.errors import StudyError
-from study.finetune import baseline_key, finetune_baseline, finetune_run, result_path
+from study.downstream.finetune import baseline_key, finetune_baseline, finetune_run, result_path
 from study.model.bert import build_model
 from study.paths import Layout
 from study.data.tokenizer import train_tokenizer
@@ -177,7 +177,7 @@ def test_same_seed_same_result(done, tmp_path):
     cached = list((layout.root / ".cache" / "finetune").glob("SST-2-train-*.npz"))
     assert len(cached) == 1
     # the cache round trip gives back exactly what the tokenizer gives
-    from study.tasks import load_task
+    from study.downstream.tasks import load_task
     from study.data.tokenizer import load_tokenizer
     tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
     enc = ft_mod._Encoder(tok, None, "test")

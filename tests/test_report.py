@@ -338,7 +338,7 @@ from study.report import render_report, render_index
 render_report({str(study_dir)!r}, {str(tmp_path / 'out')!r})
 render_index({str(tmp_path)!r})
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'tokenizers', 'datasets')
-             or m in ('study.pretrain.trainer', 'study.model.bert', 'study.finetune', 'study.data.prepare', 'study.data.masking'))
+             or m in ('study.pretrain.trainer', 'study.model.bert', 'study.downstream.finetune', 'study.data.prepare', 'study.data.masking'))
 print('LOADED', bad)
 assert not bad, bad
 """

@@ -8,7 +8,7 @@ from scipy import stats
 from sklearn import metrics as skm
 
 from study.errors import StudyError
-from study.tasks import SPLITS, TASKS, compute_metrics, get_task, load_task
+from study.downstream.tasks import SPLITS, TASKS, compute_metrics, get_task, load_task
 
 
 # --------------------------------------------------------------------------- metrics
@@ -32,7 +32,7 @@ def test_multiclass_and_logits():
     logits[np.arange(200), gold] += 1.0
     m = compute_metrics("MNLI", logits, gold)
     assert m["accuracy"] == pytest.approx(skm.accuracy_score(gold, logits.argmax(1)))
-    from study.tasks import _mcc
+    from study.downstream.tasks import _mcc
     assert _mcc(logits.argmax(1), gold, 3) == pytest.approx(skm.matthews_corrcoef(gold, logits.argmax(1)))
 
 

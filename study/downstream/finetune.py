@@ -43,7 +43,7 @@ from study.errors import StudyError
 from study.io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
 from study.paths import Layout
 from study.provenance import provenance
-from study.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 
 # Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
 ADAM_BETAS = (0.9, 0.999)
