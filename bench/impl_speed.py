@@ -3,7 +3,7 @@
 The first run of a spec (default bench/gpu_smoke.yaml: the gpu profile's model and batch) is trained for
 --steps steps once per variant in ONE process: the default impl, a prefetch worker (impl.workers=1,
 batches built and masked on a thread while the device computes), SDPA attention, and both. Also printed:
-`study plan`'s step time for the same config (study.cost), to show what the plan leaves out. Ratios are
+`study plan`'s step time for the same config (study.studies.cost), to show what the plan leaves out. Ratios are
 tokens/s against the default measured in the same run; the losses show the variants train the same.
 
     python bench/impl_speed.py [--spec bench/gpu_smoke.yaml] [--results .gpudata/results] [--steps 150]
@@ -43,10 +43,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     args = ap.parse_args()
 
-    from study.cost import _time_steps
+    from study.studies.cost import _time_steps
     from study.data.prepare import prepare_data
     from study.paths import Layout
-    from study.spec import load_study
+    from study.studies.spec import load_study
     from study.pretrain.trainer import train_run
 
     base = load_study(args.spec).runs[0].config

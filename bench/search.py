@@ -96,7 +96,7 @@ def main() -> None:
     from study.data.prepare import prepare_data
     from study.paths import Layout
     from study.search import run_search
-    from study.spec import load_study
+    from study.studies.spec import load_study
     from study.pretrain.trainer import train_run
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-search-"))

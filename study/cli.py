@@ -26,9 +26,9 @@ def _study(args):
 
 def _load_checked(path, profile):
     """The spec, with its `search:` block checked too (keys, ranges, objective) when it has one."""
-    from study.spec import load_study
+    from study.studies.spec import load_study
     study = load_study(path, profile=profile)
-    if study.spec.search is not None:
+    if study.studies.spec.search is not None:
         from study.search import load_search
         load_search(path, profile=profile)
     return study
@@ -51,7 +51,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from study.cost import estimate_seconds, param_count, planned_tokens, study_finetune_seconds
+    from study.studies.cost import estimate_seconds, param_count, planned_tokens, study_finetune_seconds
     study, layout = _study(args), _layout(args)
     ft_runs, ft_base = ({}, None) if args.no_time else study_finetune_seconds(study.runs, layout)
     rows = []
@@ -67,7 +67,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"study {study.name}: {len(rows)} runs  ({study.spec.question})")
+    print(f"study {study.name}: {len(rows)} runs  ({study.studies.spec.question})")
     print(f"{'hash':12}  {'status':8}  {'seed':>4}  {'params':>7}  {'tokens':>10}  {'est.time':>8}  label")
     for r in rows:
         est = f"{r['est_seconds'] / 60:.1f}min" if r["est_seconds"] is not None else "-"
@@ -251,7 +251,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from study.sync import write_runs_file
+    from study.studies.sync import write_runs_file
     changed = write_runs_file(Path(args.ablations), Path(args.out))
     print(f"{args.out} and dvc.yaml: {'updated' if changed else 'up to date'}")
     return 0

@@ -40,8 +40,8 @@ from study.config import RunConfig
 from study.errors import Diverged, StudyError
 from study.io import atomic_write_json, atomic_write_text, file_lock, read_json
 from study.paths import Layout
-from study.searchspec import FINETUNE_MODES, PRETRAIN_METRICS, SPLIT_KEYS, ParamSpec, SearchSpec
-from study.spec import Study, _known_keys, _pydantic_error, _set_dotted, _suggest, load_study
+from study.studies.searchspec import FINETUNE_MODES, PRETRAIN_METRICS, SPLIT_KEYS, ParamSpec, SearchSpec
+from study.studies.spec import Study, _known_keys, _pydantic_error, _set_dotted, _suggest, load_study
 
 HEARTBEAT_ATTR = "study:heartbeat"   # journal storage: unix time of the trial's last heartbeat
 STORAGE_HELP = "sqlite:///path.db, postgresql://user@host/db, journal:///path/to/file.log"
@@ -51,7 +51,7 @@ STORAGE_HELP = "sqlite:///path.db, postgresql://user@host/db, journal:///path/to
 def load_search(path: str | Path, profile: str | None = None) -> tuple[Study, SearchSpec]:
     """Load a spec with a `search:` block and check everything that can be checked before training."""
     study = load_study(path, profile=profile)
-    search = study.spec.search
+    search = study.studies.spec.search
     source = str(path)
     if search is None:
         raise StudyError("this spec has no `search:` block", field="search", source=source,

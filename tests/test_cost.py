@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from study.cli import main
-from study.cost import TOKENS_PER_WORD, _batch_width, _row_lengths, finetune_seconds, study_finetune_seconds
+from study.studies.cost import TOKENS_PER_WORD, _batch_width, _row_lengths, finetune_seconds, study_finetune_seconds
 from study.downstream.finetune import result_path
 from study.paths import Layout
-from study.spec import load_study
+from study.studies.spec import load_study
 from study.downstream.tasks import load_task
 
 SPEC = """
@@ -123,7 +123,7 @@ def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monke
     says on stderr which model it is timing and where (the gpu profiles take minutes on a CPU)."""
     import torch
 
-    from study import cost
+    from study.studies import cost
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(cost, "_STEP_TIMES", {})  # timings are cached per process: time this shape again
     results = tmp_path / "r"

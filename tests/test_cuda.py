@@ -164,7 +164,7 @@ def test_finetune_on_cuda_learns_the_fixture_task(tmp_path, record):
 
 
 def test_plan_times_steps_on_the_gpu(corpus):
-    from study import cost
+    from study.studies import cost
     cfg = make_cfg(corpus, train__amount=20)   # impl.device auto: CUDA here, as training would use
     torch.cuda.reset_peak_memory_stats()
     assert cost._time_steps(cfg) > 0

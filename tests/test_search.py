@@ -23,7 +23,7 @@ import yaml
 
 from study.errors import StudyError
 from study.paths import Layout
-from study.spec import load_study
+from study.studies.spec import load_study
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -223,7 +223,7 @@ def test_sampler_is_seeded_per_trial_number():
     """Workers started together must not propose the same points; the same trial number replays."""
     import optuna
     from study.search import make_sampler
-    from study.searchspec import SearchSpec
+    from study.studies.searchspec import SearchSpec
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = SearchSpec(params={"x": {"low": 0.0, "high": 1.0}}, sampler={"kind": "random", "seed": 7})
 
@@ -331,7 +331,7 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     import optuna
     from optuna.trial import TrialState
     from study.search import open_storage, run_search
-    from study.searchspec import SearchSpec
+    from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
     spec = write_spec(tmp_path / "stale.yaml", corpus, search)
@@ -362,7 +362,7 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus)
     import optuna
     from optuna.trial import TrialState
     from study.search import open_storage, run_search, trials_rows
-    from study.searchspec import SearchSpec
+    from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=2, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15, 0.3]})
     spec = write_spec(tmp_path / "twice.yaml", corpus, search)
@@ -427,7 +427,7 @@ def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tm
     than the heartbeat grace (optuna's default lock grace is 30 s, ours 3 heartbeats = 30 s too), every
     live trial would look dead the moment it frees."""
     from study.search import open_storage
-    from study.searchspec import SearchSpec
+    from study.studies.searchspec import SearchSpec
     for hb, grace in ((1, None), (10, None), (60, None), (2, 6), (1, 4)):
         search = SearchSpec.model_validate(tiny_search(heartbeat_interval=hb, grace_period=grace))
         lock = open_storage(f"journal://{tmp_path}/j{hb}.log", search, tmp_path)._backend._lock

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from study.config import RunConfig
 from study.errors import StudyError
 from study.paths import Layout
-from study.searchspec import SearchSpec
+from study.studies.searchspec import SearchSpec
 
 
 class ReportHints(BaseModel):
