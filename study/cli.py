@@ -29,7 +29,7 @@ def _load_checked(path, profile):
     from study.studies.spec import load_study
     study = load_study(path, profile=profile)
     if study.studies.spec.search is not None:
-        from study.search import load_search
+        from study.search.search import load_search
         load_search(path, profile=profile)
     return study
 
@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ablations", default="ablations")
     s.add_argument("--out", default=str(RUNS_FILE))
     s.set_defaults(fn=cmd_sync)
-    from study.search import add_parser as add_search_parser  # `study search`, `study search-best`
+    from study.search.search import add_parser as add_search_parser  # `study search`, `study search-best`
     add_search_parser(sub)
     return p
 

@@ -116,7 +116,7 @@ def load_trials(url: str, name: str):
 
 # --------------------------------------------------------------------------- validation (no training)
 def _err(tmp_path, corpus, search, **kw) -> StudyError:
-    from study.search import load_search
+    from study.search.search import load_search
     spec = write_spec(tmp_path / "bad.yaml", corpus, search, **kw)
     with pytest.raises(StudyError) as ei:
         load_search(spec)
@@ -165,7 +165,7 @@ def test_step_pruner_needs_evaluations(tmp_path, corpus):
 
 
 def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
-    from study.search import main
+    from study.search.search import main
     res = tmp_path / "results"
     spec = write_spec(tmp_path / "bad.yaml", corpus, tiny_search(params={"masking.rat": {"low": 0.1, "high": 0.2}}))
     assert main(["--results", str(res), "search", str(spec), "--quiet"]) == 2
@@ -189,7 +189,7 @@ def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
 
 # --------------------------------------------------------------------------- configs
 def test_split_parameterization_sums_to_one_and_hashes_like_the_defaults(tmp_path, corpus):
-    from study.search import load_search, resolve_settings, trial_config
+    from study.search.search import load_search, resolve_settings, trial_config
     study, _ = load_search(write_spec(tmp_path / "s.yaml", corpus, tiny_search()))
     s = resolve_settings({"masking.split.mask": 0.8, "masking.split.random_share": 0.5}, study.defaults)
     assert (s["masking.mask"], s["masking.random"], s["masking.keep"]) == (0.8, 0.1, 0.1)
@@ -208,7 +208,7 @@ def test_split_parameterization_sums_to_one_and_hashes_like_the_defaults(tmp_pat
 
 def test_trial_is_the_grid_run(tmp_path, corpus):
     """A sampled value with float noise (0.1 + 0.2) gives the very run a grid spec plans."""
-    from study.search import _tidy, load_search, trial_config
+    from study.search.search import _tidy, load_search, trial_config
     doc = yaml.safe_load(write_spec(tmp_path / "g.yaml", corpus, tiny_search()).read_text())
     doc["factors"] = {"masking.rate": [0.15, 0.3]}
     doc["seeds"] = [0, 1]
@@ -222,7 +222,7 @@ def test_trial_is_the_grid_run(tmp_path, corpus):
 def test_sampler_is_seeded_per_trial_number():
     """Workers started together must not propose the same points; the same trial number replays."""
     import optuna
-    from study.search import make_sampler
+    from study.search.search import make_sampler
     from study.studies.searchspec import SearchSpec
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = SearchSpec(params={"x": {"low": 0.0, "high": 1.0}}, sampler={"kind": "random", "seed": 7})
@@ -245,7 +245,7 @@ def test_sampler_is_seeded_per_trial_number():
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory, corpus, results):
     """A 4-trial search (TPE + median pruner, default SQLite storage) on the tiny spec."""
-    from study.search import run_search
+    from study.search.search import run_search
     spec = write_spec(tmp_path_factory.mktemp("spec") / "tiny.yaml", corpus, tiny_search(), name="tiny")
     ostudy = run_search(spec, layout=Layout(root=results), quiet=True)
     return spec, ostudy
@@ -254,7 +254,7 @@ def searched(tmp_path_factory, corpus, results):
 def test_search_trials_are_ordinary_runs(searched, results):
     from optuna.trial import TrialState
     from study.io import read_json
-    from study.search import load_search, trial_config
+    from study.search.search import load_search, trial_config
     spec, ostudy = searched
     study, search = load_search(spec)
     trials = ostudy.get_trials()
@@ -293,7 +293,7 @@ def test_search_trials_are_ordinary_runs(searched, results):
 def test_trial_equal_to_a_done_run_reuses_it(searched, results, tmp_path, corpus):
     from optuna.trial import TrialState
     from study.io import read_json
-    from study.search import run_search
+    from study.search.search import run_search
     _, ostudy = searched
     done = next(t for t in ostudy.get_trials() if t.state == TrialState.COMPLETE)
     s = done.user_attrs["settings"]
@@ -312,7 +312,7 @@ def test_trial_equal_to_a_done_run_reuses_it(searched, results, tmp_path, corpus
 
 
 def test_search_best_writes_a_spec_that_retrains_the_best(searched, results, tmp_path):
-    from study.search import write_best
+    from study.search.search import write_best
     spec, ostudy = searched
     out = write_best(spec, tmp_path / "tiny-best.yaml", layout=Layout(root=results))
     best = load_study(out)
@@ -330,7 +330,7 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     the worker warns and goes on to its next trial instead of dying with exit 1 (a CI failure seen under load)."""
     import optuna
     from optuna.trial import TrialState
-    from study.search import open_storage, run_search
+    from study.search.search import open_storage, run_search
     from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
@@ -361,7 +361,7 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus)
     finds the point held by the first and stands aside, marked, without counting as a failure."""
     import optuna
     from optuna.trial import TrialState
-    from study.search import open_storage, run_search, trials_rows
+    from study.search.search import open_storage, run_search, trials_rows
     from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=2, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15, 0.3]})
@@ -402,7 +402,7 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     the one that started first. A failed one holds nothing (its retry takes over)."""
     import optuna
     from optuna.trial import TrialState, create_trial
-    from study.search import _grid_point_holder
+    from study.search.search import _grid_point_holder
     ost = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": [1, 2]}, seed=0))
     first, second = ost.ask(), ost.ask()                       # grid points 0 and 1 by trial number
     for x in (first, second):
@@ -426,7 +426,7 @@ def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tm
     """While a dead worker's lock file stands, nobody can write a heartbeat; if breaking it took longer
     than the heartbeat grace (optuna's default lock grace is 30 s, ours 3 heartbeats = 30 s too), every
     live trial would look dead the moment it frees."""
-    from study.search import open_storage
+    from study.search.search import open_storage
     from study.studies.searchspec import SearchSpec
     for hb, grace in ((1, None), (10, None), (60, None), (2, 6), (1, 4)):
         search = SearchSpec.model_validate(tiny_search(heartbeat_interval=hb, grace_period=grace))
@@ -440,7 +440,7 @@ def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
     """One value per pre-training seed; a trial worse than the best on every seed so far is cut before
     its last seed (2 seeds worse: one-sided exact p = 0.25 < 0.5)."""
     from optuna.trial import TrialState
-    from study.search import run_search
+    from study.search.search import run_search
     search = tiny_search(n_trials=3, seeds=[0, 1, 2], sampler={"kind": "grid", "seed": 3},
                          pruner={"kind": "wilcoxon", "n_startup_steps": 2, "p_threshold": 0.5},
                          params={"masking.rate": [0.05, 0.3, 0.6]})
@@ -461,7 +461,7 @@ def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
 def test_downstream_objective_reads_finetune_results(tmp_path, corpus, results):
     """objective SST-2/finetune/accuracy: fine-tuned per trial, value = mean over fine-tune seeds' files."""
     from study.io import read_json
-    from study.search import run_search, trial_config, load_search
+    from study.search.search import run_search, trial_config, load_search
     glue = tmp_path / "glue" / "SST-2"
     glue.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -488,7 +488,7 @@ def test_downstream_objective_reads_finetune_results(tmp_path, corpus, results):
 # --------------------------------------------------------------------------- many workers (processes)
 def _worker(spec: Path, results: Path, storage: str, n_trials: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "study.search", "--results", str(results), "search", str(spec),
+    return subprocess.Popen([sys.executable, "-m", "study.search.search", "--results", str(results), "search", str(spec),
                              "--storage", storage, "--n-trials", str(n_trials), "--quiet"],
                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 

@@ -1,6 +1,6 @@
 """The `search:` block of a study spec: what an optuna search varies, optimises and how it prunes.
 
-Kept apart from study/search.py so that study/studies/spec.py can validate the block without importing
+Kept apart from study/search/search.py so that study/studies/spec.py can validate the block without importing
 optuna (spec parsing stays light) and without an import cycle (search.py imports spec.py).
 
     search:

@@ -59,7 +59,7 @@ class SpecFile(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     report: ReportHints = Field(default_factory=ReportHints)
-    search: SearchSpec | None = None  # an optuna search over spec keys (study/search.py)
+    search: SearchSpec | None = None  # an optuna search over spec keys (study/search/search.py)
 
 
 @dataclass

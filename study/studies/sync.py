@@ -117,7 +117,7 @@ stages:
         - ${item.spec}:
             - search
       deps:
-        - study/search.py
+        - study/search/search.py
         - study/studies/searchspec.py
         - study/pretrain/trainer.py
       outs:

@@ -854,9 +854,9 @@ def add_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m study.search search|search-best ...`: the same commands without study/cli.py."""
+    """`python -m study.search.search search|search-best ...`: the same commands without study/cli.py."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m study.search")
+    p = argparse.ArgumentParser(prog="python -m study.search.search")
     p.add_argument("--results", default="results")
     p.add_argument("--reports", default="reports")
     add_parser(p.add_subparsers(dest="command", required=True))
