@@ -226,7 +226,7 @@ def cmd_rescore(args) -> int:
 
 
 def cmd_aggregate(args) -> int:
-    from study.aggregate import aggregate_study
+    from study.report.aggregate import aggregate_study
     study, layout = _study(args), _layout(args)
     out = aggregate_study(study.plan_dict(layout), layout)
     print(f"aggregate written to {out}")
@@ -234,7 +234,7 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from study.report import render_index, render_report
+    from study.report.render import render_index, render_report
     study, layout = _study(args), _layout(args)
     out = render_report(layout.study_dir(study.name), layout.report_dir(study.name))
     render_index(layout.reports)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.aggregate import aggregate_study
+from study.report.aggregate import aggregate_study
 from study.paths import Layout
 
 EVIL = '<script>alert("x")</script> & "quoted" \'label\''

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from study.aggregate import NOISE_WORDS, aggregate_study, bootstrap_ci, interpret
+from study.report.aggregate import NOISE_WORDS, aggregate_study, bootstrap_ci, interpret
 from study.paths import Layout
 
 
@@ -61,7 +61,7 @@ def test_aggregate_from_run_folders(tmp_path):
 
 
 def test_bootstrap_diff_matches_scipy_two_sample():
-    from study.aggregate import bootstrap_diff_ci
+    from study.report.aggregate import bootstrap_diff_ci
     a = np.array([0.71, 0.73, 0.70, 0.74, 0.72])
     b = np.array([0.50, 0.52, 0.49, 0.51])
     lo, hi = bootstrap_diff_ci(a, b)
@@ -149,7 +149,7 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     probe = base[base["mode"] == "probe"].iloc[0]
     assert probe["n_pretrained"] == 1 and probe["n_random"] == 1 and "not enough seeds" in probe["interpretation"]
     # with one design point, the report's one-sentence answer is that comparison
-    from study.report import answer_sentence, load_study_dir
+    from study.report.render import answer_sentence, load_study_dir
     plan["primary_metric"] = "SST-2/finetune/accuracy"
     ans = answer_sentence(load_study_dir(aggregate_study(plan, layout)))
     assert ans["kind"] == "baseline" and "pre-trained minus random init: +" in ans["text"], ans

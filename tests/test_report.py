@@ -20,9 +20,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report_fixtures as rf  # noqa: E402
 
-from study import references as R  # noqa: E402
+from study.report import references as R  # noqa: E402
 from study.errors import StudyError  # noqa: E402
-from study.report import load_study_dir, render_index, render_report, search_summary  # noqa: E402
+from study.report.render import load_study_dir, render_index, render_report, search_summary  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("nsp", "mask_rate", "depth", "replacement")
@@ -227,7 +227,7 @@ def test_collapsed_runs_are_flagged_at_the_top_and_listed(rendered):
 
 
 def test_a_run_beats_the_mode_floor_only_beyond_three_standard_errors():
-    from study.aggregate import learned_beyond_mode
+    from study.report.aggregate import learned_beyond_mode
     se = (0.05 * 0.95 / 10_000) ** 0.5
     assert learned_beyond_mode(0.05 + 3.1 * se, 0.05, 10_000) is True
     assert learned_beyond_mode(0.05 + 2.9 * se, 0.05, 10_000) is False
@@ -259,7 +259,7 @@ def test_degrades_gracefully_without_finished_runs(tmp_path):
         (layout.run_dir(r["run_hash"]) / "status.json").write_text(
             json.dumps({"status": "failed", "error": "ValueError: boom", "step": 3}))
         (layout.run_dir(r["run_hash"]) / "history.jsonl").write_text("")
-    from study.aggregate import aggregate_study
+    from study.report.aggregate import aggregate_study
     study_dir = aggregate_study(plan, layout)
     html = render_report(study_dir, tmp_path / "out").read_text()
     assert "No answer yet: 0 of" in html
@@ -276,7 +276,7 @@ def test_single_seed_has_no_ci_and_says_so(rendered):
 def test_every_figure_degrades_on_empty_or_odd_data(tmp_path):
     """Empty tables give a skip note, odd ones (missing columns, a categorical x, NaN CIs) never crash:
     make_figures turns any drawing error into a note for that figure alone."""
-    from study import figures as F
+    from study.report import figures as F
     empty = pd.DataFrame()
     plan = {"kind": "mask_rate", "x": "masking.rate", "primary_metric": "ref_ppl", "compare": {"factor": "f", "a": 1, "b": 2}}
     for fn in (lambda: F.mask_rate(empty, plan, ["masking.rate"]), lambda: F.depth(empty, plan, ["model.layers"]),
@@ -334,7 +334,7 @@ def test_report_does_not_import_training_stack(tmp_path):
     layout, plan, study_dir = rf.build(tmp_path, "depth", failures=False)
     code = f"""
 import sys
-from study.report import render_report, render_index
+from study.report.render import render_report, render_index
 render_report({str(study_dir)!r}, {str(tmp_path / 'out')!r})
 render_index({str(tmp_path)!r})
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'tokenizers', 'datasets')

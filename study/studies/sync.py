@@ -205,14 +205,14 @@ def pipeline_text(doc: dict) -> str:
             "cmd": cli,
             "deps": [s["spec"], *(f"results/runs/{h}" for h in s["runs"]),
                      *(f"results/finetune/{h}" for h in s["runs"]),
-                     *(f"results/finetune/{b}" for b in s["baselines"]), "study/aggregate.py"],
+                     *(f"results/finetune/{b}" for b in s["baselines"]), "study/report/aggregate.py"],
             "outs": [f"results/studies/{name}"],
             "metrics": [{f"results/metrics/study-{name}.json": {"cache": False}}],
         }
         stages[f"report-{name}"] = {
             "cmd": _cmd("study report", s["spec"], s["args"], "--quiet"),
-            "deps": [f"results/studies/{name}", "study/report.py", "study/figures.py", "study/templates",
-                     "study/references"],
+            "deps": [f"results/studies/{name}", "study/report/render.py", "study/report/figures.py", "study/report/templates",
+                     "study/report/references"],
             "outs": [{f"reports/{name}": {"cache": False}}],
         }
     per_study = yaml.safe_dump(stages, sort_keys=False, default_flow_style=False, width=1000)

@@ -1,6 +1,6 @@
 """One self-contained HTML report per study, rendered from the aggregate files only.
 
-Input: `results/studies/<name>/` as written by `study.aggregate.aggregate_study` (study.json,
+Input: `results/studies/<name>/` as written by `study.report.aggregate.aggregate_study` (study.json,
 summary.csv, comparisons.csv, baseline.csv, runs.csv, curves.csv, results.parquet) and, when the
 search stage wrote one, `results/search/<name>/trials.csv`. Output: `out_dir/index.html` (figures
 embedded as data: URIs, CSS inline, a Content-Security-Policy that forbids every network load, so it
@@ -26,9 +26,9 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from study import figures as F
-from study import references as R
-from study.aggregate import NOISE_WORDS
+from study.report import figures as F
+from study.report import references as R
+from study.report.aggregate import NOISE_WORDS
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 
