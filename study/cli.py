@@ -28,7 +28,7 @@ def _load_checked(path, profile):
     """The spec, with its `search:` block checked too (keys, ranges, objective) when it has one."""
     from study.studies.spec import load_study
     study = load_study(path, profile=profile)
-    if study.studies.spec.search is not None:
+    if study.spec.search is not None:
         from study.search.search import load_search
         load_search(path, profile=profile)
     return study
@@ -67,7 +67,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"study {study.name}: {len(rows)} runs  ({study.studies.spec.question})")
+    print(f"study {study.name}: {len(rows)} runs  ({study.spec.question})")
     print(f"{'hash':12}  {'status':8}  {'seed':>4}  {'params':>7}  {'tokens':>10}  {'est.time':>8}  label")
     for r in rows:
         est = f"{r['est_seconds'] / 60:.1f}min" if r["est_seconds"] is not None else "-"

@@ -147,7 +147,7 @@ def test_shipped_profiles_resolve():
         plain = {r.run_hash for r in load_study(spec).runs}
         for profile in load_study(spec).spec.profiles:
             study = load_study(spec, profile)
-            assert study.runs and study.name == f"{study.studies.spec.name}-{profile}", (spec, profile)
+            assert study.runs and study.name == f"{study.spec.name}-{profile}", (spec, profile)
             assert not plain & {r.run_hash for r in study.runs}, (spec, profile)
             seen.add(profile)
             if profile == "gpu":  # BERT-small-scale on hub corpora, all of GLUE's dev sets

@@ -51,7 +51,7 @@ STORAGE_HELP = "sqlite:///path.db, postgresql://user@host/db, journal:///path/to
 def load_search(path: str | Path, profile: str | None = None) -> tuple[Study, SearchSpec]:
     """Load a spec with a `search:` block and check everything that can be checked before training."""
     study = load_study(path, profile=profile)
-    search = study.studies.spec.search
+    search = study.spec.search
     source = str(path)
     if search is None:
         raise StudyError("this spec has no `search:` block", field="search", source=source,

@@ -175,7 +175,7 @@ def runs_document(ablations: Path) -> dict:
                 "data": dh, "config": cfg.semantic(), "finetune_cmd": "", "finetune": {},
                 # `dvc exp run -S <spec>:defaults.finetune.lr=...` must rerun fine-tuning: track the spec's
                 # own recipe section when it has one (DVC rejects a params key the file lacks)
-                "finetune_key": "defaults.finetune" if "finetune" in study.studies.spec.defaults else "name"})
+                "finetune_key": "defaults.finetune" if "finetune" in study.spec.defaults else "name"})
             entry["finetune"][study.name] = cfg.finetune.model_dump(mode="json")
             # ... and is fine-tuned with the recipe of every spec that includes it
             cmd = _cmd("study finetune", spec, args, f"--run {run.run_hash} --quiet")
@@ -191,7 +191,7 @@ def runs_document(ablations: Path) -> dict:
         studies[study.name] = {"spec": spec, "args": args, "runs": sorted({r.run_hash for r in study.runs}),
                                "baselines": sorted({baseline_key(r.config) for r in study.runs
                                                     if r.config.finetune.baseline})}
-        if study.studies.spec.search is not None:
+        if study.spec.search is not None:
             searches[study.name] = {"spec": spec, "args": args}
     return {"data": data, "runs": runs, "baselines": baselines, "studies": studies, "searches": searches}
 
