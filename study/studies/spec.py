@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from study.config import RunConfig
 from study.errors import StudyError
 from study.paths import Layout
+from study.report import references
 from study.studies.searchspec import SearchSpec
 
 
@@ -277,7 +278,7 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
                              allowed=", ".join(spec.profiles) or "(this spec defines none)")
         for key, value in spec.profiles[profile].items():
             _set_dotted(defaults, key, value, source)
-    known_refs = sorted(p.stem for p in (Path(__file__).parent / "references").glob("*.yaml"))
+    known_refs = references.available()
     for ref in spec.report.references:
         if ref not in known_refs:
             raise StudyError(f"unknown paper reference {ref!r}{_suggest(ref, known_refs)}",
