@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     args = ap.parse_args()
 
-    from study.studies.cost import _time_steps
+    from study.studies.cost import time_pretrain_step
     from study.data.prepare import prepare_data
     from study.paths import Layout
     from study.studies.spec import load_study
@@ -63,7 +63,7 @@ def main() -> None:
                   f"mfu {m['mfu']:.3f} ({m['peak_kind']}, {m['peak_flops'] / 1e12:.1f} TFLOP/s)  "
                   f"final loss {m['final_loss']:.4f}  ref loss {m['ref_mlm_loss']:.4f}  {m['device']} "
                   f"{m['precision']}", flush=True)
-    plan = _time_steps(variant(base, args.steps, {}))
+    plan = time_pretrain_step(variant(base, args.steps, {}))
     measured = out["default"]["time_s"] / out["default"]["steps"]
     print(f"plan's step {1e3 * plan:.1f} ms vs measured {1e3 * measured:.1f} ms (default impl)")
     ref = out["default"]["tokens_per_s"]

@@ -97,6 +97,17 @@ class RunDir:
     def write_meta(self, meta: dict) -> None:
         atomic_write_json(self.meta_path, meta)
 
+    def write_config(self, config: dict) -> None:
+        atomic_write_json(self.config_path, {**config, "run_hash": self.run_hash})
+
+    def append_history(self, line: dict) -> None:
+        """One line of history.jsonl (the trainer truncates it to a checkpoint's size on resume)."""
+        _append_line(self.history_path, line)
+
+    def append_event(self, line: dict) -> None:
+        """One line of events.jsonl (never truncated)."""
+        _append_line(self.events_path, line)
+
     def publish(self) -> None:
         """Copies of the run's metrics and loss curve outside its folder, for `dvc metrics/plots show`.
 
@@ -112,6 +123,12 @@ class RunDir:
 
 def _read_dict(path: Path) -> dict:
     return read_json(path) if path.exists() else {}
+
+
+def _append_line(path: Path, line: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
 
 
 def _read_lines(path: Path) -> list[dict]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from study.cli import main
-from study.studies.cost import TOKENS_PER_WORD, _batch_width, _row_lengths, finetune_seconds, study_finetune_seconds
+from study.studies.cost import TOKENS_PER_WORD, batch_width, row_lengths, finetune_seconds, study_finetune_seconds
 from study.downstream.finetune import result_path
 from study.paths import Layout
 from study.studies.spec import load_study
@@ -98,13 +98,13 @@ def test_unknown_task_sizes_are_said_not_guessed(spec, tmp_path, capsys):
 def test_row_lengths_and_padded_batch_width(spec, tmp_path):
     cfg = load_study(spec).runs[0].config
     data = load_task("SST-2", cfg.finetune.glue_dir, "train")
-    lengths = _row_lengths(cfg, Layout(root=tmp_path / "r"), data)   # no tokenizer yet: word counts
+    lengths = row_lengths(cfg, Layout(root=tmp_path / "r"), data)   # no tokenizer yet: word counts
     words = np.array([len(t.split()) for t in data.text_a])
     assert list(lengths) == [min(math.ceil(w * TOKENS_PER_WORD) + 2, 32) for w in words]
-    assert _batch_width(np.full(50, 7), 16) == 7
-    w = _batch_width(lengths, 16)   # each batch pads to its longest row
+    assert batch_width(np.full(50, 7), 16) == 7
+    w = batch_width(lengths, 16)   # each batch pads to its longest row
     assert lengths.mean() < w <= lengths.max()
-    assert _batch_width(lengths, 1) == round(lengths.mean())
+    assert batch_width(lengths, 1) == round(lengths.mean())
 
 
 def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
@@ -114,11 +114,11 @@ def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
     data = load_task("SST-2", cfg.finetune.glue_dir, "train")
     tok = train_tokenizer([[t] for t in data.text_a], cfg.tokenizer, lay.data_dir(cfg.data_hash()) / "tokenizer")
     want = [len(x) for x in tok(data.text_a, truncation=True, max_length=32)["input_ids"]]
-    assert list(_row_lengths(cfg, lay, data)) == want
+    assert list(row_lengths(cfg, lay, data)) == want
 
 
 def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monkeypatch):
-    """The step is timed where training will run (study.pretrain.trainer.resolve_device): a run that asks for CUDA on
+    """The step is timed where training will run (study.runtime.resolve_device): a run that asks for CUDA on
     a machine without it is the same error naming impl.device, exit 2 and nothing written; on CPU the plan
     says on stderr which model it is timing and where (the gpu profiles take minutes on a CPU)."""
     import torch
@@ -135,3 +135,34 @@ def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert "impl.device" in err and "auto, cpu" in err
     assert not results.exists() or not any(results.rglob("*"))
+
+
+def test_plan_times_the_training_codes_own_step_functions(spec, tmp_path, monkeypatch):
+    """`study plan` calls pre-training's and fine-tuning's real step functions (no copies that could drift):
+    every timed step goes through study.pretrain.step.pretrain_step / study.downstream.finetune.finetune_step,
+    with the run's own optimizer settings and micro-batch split."""
+    from study.downstream import finetune
+    from study.pretrain import step
+    from study.studies import cost
+
+    calls = {"pretrain": [], "finetune": []}
+    real_pre, real_ft = step.pretrain_step, finetune.finetune_step
+
+    def pre(module, model, opt, parts, lr, **kw):
+        calls["pretrain"].append((len(parts), lr, kw["clip"], opt.defaults["weight_decay"]))
+        return real_pre(module, model, opt, parts, lr, **kw)
+
+    def ft(model, opt, *args):
+        calls["finetune"].append(opt.defaults["lr"])
+        return real_ft(model, opt, *args)
+
+    monkeypatch.setattr(step, "pretrain_step", pre)
+    monkeypatch.setattr(finetune, "finetune_step", ft)
+    monkeypatch.setattr(cost, "_STEP_TIMES", {})
+    cfg = load_study(spec).runs[0].config.model_copy(deep=True)
+    cfg.train.grad_accum = 2
+    assert cost.estimate_seconds(cfg) > 0
+    t = cfg.train
+    assert calls["pretrain"] == [(2, t.lr, t.clip, t.weight_decay)] * 6   # 2 micro-batches: grad_accum
+    assert finetune_seconds(cfg, Layout(root=tmp_path / "r"), {"SST-2": (1, False)}) > 0
+    assert calls["finetune"] and set(calls["finetune"]) == {cfg.finetune.lr}

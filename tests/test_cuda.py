@@ -167,7 +167,7 @@ def test_plan_times_steps_on_the_gpu(corpus):
     from study.studies import cost
     cfg = make_cfg(corpus, train__amount=20)   # impl.device auto: CUDA here, as training would use
     torch.cuda.reset_peak_memory_stats()
-    assert cost._time_steps(cfg) > 0
+    assert cost.time_pretrain_step(cfg) > 0
     assert torch.cuda.max_memory_allocated() > 0
 
 

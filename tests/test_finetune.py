@@ -180,9 +180,9 @@ def test_same_seed_same_result(done, tmp_path):
     from study.downstream.tasks import load_task
     from study.data.tokenizer import load_tokenizer
     tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
-    enc = ft_mod._Encoder(tok, None, "test")
-    data = ft_mod._cap(load_task("SST-2", done["glue"], "train"), 240)
-    e = ft_mod._encode(enc, data, 32, layout, str(done["glue"]))
+    enc = ft_mod.Encoder(tok, None, "test")
+    data = ft_mod.cap_rows(load_task("SST-2", done["glue"], "train"), 240)
+    e = ft_mod.encode(enc, data, 32, layout, str(done["glue"]))
     fresh = tok(data.text_a, truncation=True, max_length=32)["input_ids"]
     assert [x.tolist() for x in e.ids] == fresh and len(cached) == 1
 
@@ -260,12 +260,18 @@ def test_user_errors_before_anything_is_written(tmp_path):
         (dict(tasks=["SST-2", "SST-2"]), "finetune.tasks", "duplicate task"),
         (dict(glue_dir=str(tmp_path / "nope")), "finetune.glue_dir", "does not exist"),
         (dict(probe_layers=2), "finetune.probe_layers", "has 1 layers"),
-        (dict(max_length=128), "finetune.max_length", "exceeds model.max_positions"),
     ]
     for kw, field, msg in cases:
         with pytest.raises(StudyError, match=msg) as e:
             finetune_run(make_cfg(glue, **kw), layout, quiet=True)
         assert e.value.field == field
+    # RunConfig refuses max_length > max_positions when it is built; fine-tuning checks again because an
+    # assignment to one section does not re-run the cross-section rule
+    too_long = make_cfg(glue)
+    too_long.finetune.max_length = 128
+    with pytest.raises(StudyError, match="exceeds model.max_positions") as e:
+        finetune_run(too_long, layout, quiet=True)
+    assert e.value.field == "finetune.max_length"
     with pytest.raises(StudyError, match="no pre-trained model"):
         finetune_run(make_cfg(glue), layout, quiet=True)
     assert not (layout.root / "finetune").exists()

@@ -216,3 +216,83 @@ def test_bits_dropout_model_computes_what_the_stock_model_does(attn):
     gs, gb = grads(stock), grads(bits)
     for n in gs:
         assert torch.allclose(gs[n], gb[n], rtol=1e-4, atol=1e-6), n
+
+
+# --------------------------------------------------------------------------- study.runtime
+def _bert_rule(model) -> list[str]:
+    """BERT's recipe as the trainer wrote it: no decay on biases and LayerNorm, by parameter name."""
+    return [n for n, _ in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+
+
+def _ndim_or_layernorm_rule(model) -> list[str]:
+    """The rule fine-tuning used: fewer than two dimensions, or a LayerNorm."""
+    return [n for n, p in model.named_parameters() if p.ndim < 2 or "LayerNorm" in n]
+
+
+@pytest.mark.parametrize("sentence_head", [True, False])
+@pytest.mark.parametrize("bits", [False, True])
+def test_one_param_group_rule_partitions_every_model_as_both_old_rules(sentence_head, bits):
+    """runtime.param_groups (ndim < 2: no decay) gives the pre-training model, and the fine-tuning classifier
+    on its encoder, exactly the groups (members and order) of the trainer's name rule and of fine-tuning's
+    ndim-or-LayerNorm rule: unifying them changed no optimizer state and no result."""
+    from study.downstream.finetune import Classifier
+    from study.runtime import param_groups
+
+    for cfg in (CFG, ModelConfig()):   # a test-sized model and the default architecture
+        model = build_model(cfg, VOCAB, sentence_head, ImplConfig(), seed=0)
+        if bits:
+            use_bits_dropout(model)
+        clf = Classifier(model.bert, 3, 0.1, 0.02, torch.Generator().manual_seed(0))
+        for m in (model, clf):
+            names = {id(p): n for n, p in m.named_parameters()}
+            decay, no_decay = param_groups(m, 0.01)
+            assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
+            got = [names[id(p)] for p in no_decay["params"]]
+            assert got == _bert_rule(m) == _ndim_or_layernorm_rule(m)
+            assert [names[id(p)] for p in decay["params"]] == [n for n in names.values() if n not in got]
+            assert len(got) > 0 and len(decay["params"]) > 0
+            assert len(got) + len(decay["params"]) == len(list(m.parameters()))  # tied decoder counted once
+
+
+def test_runtime_device_precision_and_threads(monkeypatch):
+    from study.runtime import Dist, autocast_factory, resolve, resolve_device, resolve_precision, threads
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", cpu) is None and resolve_precision("bf16", cpu) is torch.bfloat16
+    assert resolve_precision("fp32", cpu) is None
+    with autocast_factory(cpu, torch.bfloat16)():
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast_factory(cpu, None)():
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == cpu
+    rt = resolve(ImplConfig(precision="bf16"))
+    assert (rt.device, rt.dtype, rt.precision) == (cpu, torch.bfloat16, "bf16")
+    for name in ("cuda", "mps"):   # an explicit device this machine lacks names impl.device
+        with pytest.raises(StudyError) as err:
+            resolve_device(name, Dist())
+        assert err.value.field == "impl.device" and err.value.allowed == "auto, cpu"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("mps")   # fine-tuning too picks MPS now (one rule)
+    before = torch.get_num_threads()
+    with threads(1):
+        assert torch.get_num_threads() == 1
+    with threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+
+
+def test_transformers_quiet_restores_the_callers_progress_bar_setting(tmp_path):
+    from transformers.utils import logging as hf_logging
+
+    from study.runtime import load_pretrained, transformers_quiet
+
+    build_model(CFG, VOCAB, True, ImplConfig(), seed=0).save_pretrained(tmp_path)
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        with transformers_quiet(True):
+            assert not hf_logging.is_progress_bar_enabled()
+        assert load_pretrained(tmp_path, "eager", quiet=True).config.hidden_size == CFG.hidden
+        assert hf_logging.is_progress_bar_enabled() == enabled
+    hf_logging.enable_progress_bar()

@@ -26,6 +26,7 @@ depend on the seed or the model: every run and the baseline see the same example
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import time
@@ -38,12 +39,17 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from study.config import ImplConfig, RunConfig
+from study.config import FinetuneConfig, RunConfig
+from study.data.prepare import prepare_data
+from study.data.tokenizer import load_tokenizer
 from study.errors import StudyError
+from study.metrics import MODES  # noqa: F401 - finetune.MODES, defined in study/metrics.py
 from study.io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
 from study.paths import Layout
 from study.provenance import provenance
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+from study.model.bert import build_model
+from study.runtime import Runtime, load_pretrained, param_groups, resolve, threads
 
 # Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
 ADAM_BETAS = (0.9, 0.999)
@@ -54,18 +60,12 @@ SUBSET_SEED = 20181011        # which rows a cap keeps; a constant so every run 
 PROBE_C = 1.0                 # inverse L2 strength of the logistic probe (standardised features)
 PROBE_ALPHA = 1.0             # ridge strength of the regression probe
 PROBE_MAX_ITER = 2000
-MODES = ("finetune", "probe")
 
 
 # --------------------------------------------------------------------------- keys and paths
 def baseline_key(cfg: RunConfig) -> str:
-    """Run key of the random-init baseline: what a random model depends on, nothing else.
-
-    The architecture (model section), the tokenizer/vocabulary (data_hash) and the init seed. Runs
-    that differ only in objective, masking or training share one baseline.
-    """
-    return "random-" + hash_obj({"model": cfg.model.model_dump(mode="json"), "data": cfg.data_hash(),
-                                 "seed": cfg.seed})
+    """Run key of the random-init baseline (RunConfig.baseline_key says what it depends on)."""
+    return cfg.baseline_key()
 
 
 def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
@@ -83,26 +83,15 @@ def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[di
     """Fine-tune (and probe) the pre-trained model of `cfg` on every task x seed of cfg.finetune."""
     model_dir = layout.run_dir(cfg.run_hash()) / "model"
 
-    def load() -> _Encoder:
+    def load() -> Encoder:
         if not (model_dir / "config.json").is_file():
             raise StudyError(f"no pre-trained model at {model_dir}; run `study pretrain` first",
                              field="run", source=str(model_dir))
         tok = _load_tokenizer(model_dir)
         vocab = int(read_json(model_dir / "config.json")["vocab_size"])
         _check_vocab(tok, vocab, model_dir)
-        from transformers import BertForPreTraining
-        from transformers.utils import logging as hf_logging
-        # Load the full pre-training class and keep .bert: loading BertModel directly reports the
-        # MLM/NSP heads as "unexpected keys" on every call.
-        was = hf_logging.is_progress_bar_enabled()
-        if quiet:   # transformers' own "Loading weights" bar; restored so the caller's setting stands
-            hf_logging.disable_progress_bar()
-        try:
-            full = BertForPreTraining.from_pretrained(str(model_dir), attn_implementation=cfg.impl.attention)
-        finally:
-            if quiet and was:
-                hf_logging.enable_progress_bar()
-        return _Encoder(tok, full.bert, str(model_dir))
+        # the full pre-training class, of which fine-tuning keeps the encoder (with its pooler)
+        return Encoder(tok, load_pretrained(model_dir, cfg.impl.attention, quiet).bert, str(model_dir))
 
     return _run_all(cfg, layout, cfg.run_hash(), "pretrained", load, quiet)
 
@@ -111,23 +100,21 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
     """The same architecture with random (seeded) weights, the same recipe; init "random"."""
     model_dir = layout.run_dir(cfg.run_hash()) / "model"
 
-    def load() -> _Encoder:
+    def load() -> Encoder:
         if (model_dir / "tokenizer.json").is_file():
             tok, where = _load_tokenizer(model_dir), str(model_dir)
         else:
-            from study.data.prepare import prepare_data
             prepared = prepare_data(cfg, layout, progress=not quiet)
             tok, where = prepared.tokenizer, str(prepared.dir)
-        from study.model.bert import build_model
         model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
-        return _Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
+        return Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
 
     return _run_all(cfg, layout, baseline_key(cfg), "random", load, quiet)
 
 
 # --------------------------------------------------------------------------- encoder + tokenizer
 @dataclass
-class _Encoder:
+class Encoder:
     tokenizer: object
     bert: torch.nn.Module      # transformers BertModel (with pooler)
     source: str
@@ -142,7 +129,6 @@ def _load_tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
         raise StudyError(f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
                          field="run", source=str(model_dir))
-    from study.data.tokenizer import load_tokenizer
     return load_tokenizer(model_dir)
 
 
@@ -153,24 +139,11 @@ def _check_vocab(tok, vocab_size: int, where: Path) -> None:
                          source=str(where))
 
 
-def _device(impl: ImplConfig) -> torch.device:
-    if impl.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if impl.device == "cuda" and not torch.cuda.is_available():
-        raise StudyError("CUDA is not available on this machine", field="impl.device", allowed="auto, cpu")
-    if impl.device == "mps" and not torch.backends.mps.is_available():
-        raise StudyError("MPS is not available on this machine", field="impl.device", allowed="auto, cpu")
-    return torch.device(impl.device)
-
-
-def _autocast(impl: ImplConfig, device: torch.device):
-    bf16 = impl.precision == "bf16" or (impl.precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-
-
 # --------------------------------------------------------------------------- tokenized task data
 @dataclass
-class _Encoded:
+class Encoded:
+    """A tokenized split: per-row token ids and token types (unpadded), and the labels."""
+
     ids: list[np.ndarray]
     types: list[np.ndarray]
     labels: np.ndarray
@@ -179,14 +152,16 @@ class _Encoded:
         return len(self.ids)
 
 
-def _cap(data: TaskData, n: int | None) -> TaskData:
+def cap_rows(data: TaskData, n: int | None) -> TaskData:
+    """At most `n` rows of a split. Which rows depends on the split's size and n only (not the seed or the
+    model), so every run, its baseline and `study plan`'s estimate see the same examples."""
     if n is None or len(data) <= n:
         return data
     rng = np.random.default_rng(np.random.SeedSequence([SUBSET_SEED, len(data), n]))
     return data.subset(np.sort(rng.choice(len(data), size=n, replace=False)))
 
 
-def _encode(enc: _Encoder, data: TaskData, max_length: int, layout: Layout, glue_dir: str) -> _Encoded:
+def encode(enc: Encoder, data: TaskData, max_length: int, layout: Layout, glue_dir: str) -> Encoded:
     """Tokenize a (capped) split, cached by tokenizer + file content + max_length + rows kept."""
     src = data.source
     content = sha256_file(src) if glue_dir != HUB and Path(src).is_file() else src
@@ -205,14 +180,13 @@ def _encode(enc: _Encoder, data: TaskData, max_length: int, layout: Layout, glue
         types = [np.asarray(x, dtype=np.int8) for x in out["token_type_ids"]]
         offs = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum([len(x) for x in ids], out=offs[1:])
-        import io
         buf = io.BytesIO()
         np.savez(buf, ids=np.concatenate(ids), types=np.concatenate(types), offsets=offs)
         atomic_write_bytes(path, buf.getvalue())
-    return _Encoded(ids, types, data.labels)
+    return Encoded(ids, types, data.labels)
 
 
-def _collate(e: _Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+def collate(e: Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
     """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length)."""
     width = max(len(e.ids[i]) for i in idx)
     ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.data.tokenizer.SPECIALS)
@@ -225,14 +199,14 @@ def _collate(e: _Encoded, idx: np.ndarray, device: torch.device) -> dict[str, to
             "attention_mask": torch.from_numpy(mask).to(device)}
 
 
-def _eval_batches(e: _Encoded) -> list[np.ndarray]:
+def _eval_batches(e: Encoded) -> list[np.ndarray]:
     # length-sorted batches: little padding; predictions are put back in row order by the caller
     order = np.argsort([len(x) for x in e.ids], kind="stable")
     return [order[i:i + EVAL_BATCH] for i in range(0, len(order), EVAL_BATCH)]
 
 
 # --------------------------------------------------------------------------- fine-tuning
-class _Classifier(torch.nn.Module):
+class Classifier(torch.nn.Module):
     """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS]))."""
 
     def __init__(self, bert: torch.nn.Module, num_labels: int, dropout: float, init_range: float,
@@ -250,26 +224,40 @@ class _Classifier(torch.nn.Module):
         return self.head(self.dropout(pooled)).float()
 
 
-def _loss(spec: TaskSpec, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if spec.is_regression:
+def _loss(regression: bool, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if regression:
         return F.mse_loss(logits.squeeze(-1), y.float())
     return F.cross_entropy(logits, y.long())
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    # BERT: no weight decay on biases and LayerNorm weights
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def finetune_optimizer(model: torch.nn.Module, ft: FinetuneConfig) -> torch.optim.AdamW:
+    """The recipe's AdamW: no weight decay on biases and LayerNorm (study.runtime.param_groups)."""
+    return torch.optim.AdamW(param_groups(model, ft.weight_decay), lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
 
 
-def _predict(model: torch.nn.Module, e: _Encoded, device: torch.device, impl: ImplConfig) -> np.ndarray:
+def finetune_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+                  y: torch.Tensor, regression: bool, autocast) -> torch.Tensor:
+    """One fine-tuning step: forward under `autocast`, loss, backward, clip to GRAD_CLIP, AdamW update.
+    Returns the loss (a device tensor). `study plan` times this very function (study/studies/cost.py).
+    A non-finite loss raises FloatingPointError before any update."""
+    with autocast():
+        logits = model(**batch)
+    loss = _loss(regression, logits, y)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite fine-tuning loss {float(loss)}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    opt.step()
+    return loss
+
+
+def _predict(model: torch.nn.Module, e: Encoded, rt: Runtime) -> np.ndarray:
     model.eval()
     out: list[tuple[np.ndarray, np.ndarray]] = []
-    with torch.no_grad(), _autocast(impl, device):
+    with torch.no_grad(), rt.autocast():
         for idx in _eval_batches(e):
-            out.append((idx, model(**_collate(e, idx, device)).float().cpu().numpy()))
+            out.append((idx, model(**collate(e, idx, rt.device)).float().cpu().numpy()))
     k = out[0][1].shape[1]
     preds = np.zeros((len(e), k), dtype=np.float32)
     for idx, logits in out:
@@ -277,20 +265,21 @@ def _predict(model: torch.nn.Module, e: _Encoded, device: torch.device, impl: Im
     return preds
 
 
-def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: _Encoded, dev: _Encoded,
-                  seed: int, device: torch.device, desc: str, quiet: bool) -> dict:
+def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
+                  seed: int, rt: Runtime, desc: str, quiet: bool) -> dict:
     ft = cfg.finetune
     t0 = time.time()
     steps_per_epoch = math.ceil(len(train) / ft.batch_size)
     total = max(1, math.ceil(ft.epochs * steps_per_epoch))
     warmup = int(round(ft.warmup * total))
+    device = rt.device
     devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)  # dropout masks only; the caller's RNG state is restored on exit
         gen = torch.Generator().manual_seed(seed)
-        model = _Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
-                            gen).to(device)
-        opt = torch.optim.AdamW(_param_groups(model, ft.weight_decay), lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+        model = Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
+                           gen).to(device)
+        opt = finetune_optimizer(model, ft)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
         labels = torch.from_numpy(train.labels)
@@ -304,50 +293,46 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
                 if step >= total:
                     break
                 idx = order[b:b + ft.batch_size]
-                with _autocast(cfg.impl, device):
-                    logits = model(**_collate(train, idx, device))
-                loss = _loss(spec, logits, labels[torch.from_numpy(idx)].to(device))
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite fine-tuning loss at step {step} ({spec.name}, seed {seed})")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-                opt.step()
+                try:
+                    loss = finetune_step(model, opt, collate(train, idx, device),
+                                         labels[torch.from_numpy(idx)].to(device), spec.is_regression, rt.autocast)
+                except FloatingPointError as exc:
+                    raise FloatingPointError(f"{exc} at step {step} ({spec.name}, seed {seed})") from None
                 sched.step()
                 losses.append(loss.item())
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         bar.close()
-        preds = _predict(model, dev, device, cfg.impl)
+        preds = _predict(model, dev, rt)
     tail = losses[-max(1, steps_per_epoch // 4):]   # the last quarter epoch: the loss where training ended
     return {"metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
             "steps": step, "train_loss": float(np.mean(tail)), "wall_s": round(time.time() - t0, 3)}
 
 
 # --------------------------------------------------------------------------- probe
-def _features(bert: torch.nn.Module, e: _Encoded, layers: int, device: torch.device, impl: ImplConfig,
-              desc: str, quiet: bool) -> np.ndarray:
+def _features(bert: torch.nn.Module, e: Encoded, layers: int, rt: Runtime, desc: str, quiet: bool) -> np.ndarray:
     """[CLS] of the last `layers` layers, concatenated: [n, layers * hidden]."""
-    bert = bert.to(device).eval()
+    bert = bert.to(rt.device).eval()
     feats = np.zeros((len(e), layers * bert.config.hidden_size), dtype=np.float32)
-    with torch.no_grad(), _autocast(impl, device):
+    with torch.no_grad(), rt.autocast():
         for idx in tqdm(_eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
-            hs = bert(**_collate(e, idx, device), output_hidden_states=True).hidden_states
+            hs = bert(**collate(e, idx, rt.device), output_hidden_states=True).hidden_states
             feats[idx] = torch.cat([h[:, 0] for h in hs[-layers:]], dim=-1).float().cpu().numpy()
     return feats
 
 
-def _probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: _Encoded, dev: _Encoded,
-           device: torch.device, quiet: bool) -> dict:
+def _probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
+           rt: Runtime, quiet: bool) -> dict:
+    # scikit-learn (~1 s to import) only when a probe is fitted, not for every fine-tune
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     t0 = time.time()
     k = cfg.finetune.probe_layers
-    x_train = _features(bert, train, k, device, cfg.impl, f"{spec.name} probe features (train)", quiet)
-    x_dev = _features(bert, dev, k, device, cfg.impl, f"{spec.name} probe features (dev)", quiet)
+    x_train = _features(bert, train, k, rt, f"{spec.name} probe features (train)", quiet)
+    x_dev = _features(bert, dev, k, rt, f"{spec.name} probe features (dev)", quiet)
     if spec.is_regression:
         clf = make_pipeline(StandardScaler(), Ridge(alpha=PROBE_ALPHA))
         clf.fit(x_train, train.labels)
@@ -399,38 +384,33 @@ def _existing(path: Path) -> dict | None:
     return None if "skipped" in res else res
 
 
-def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], _Encoder],
+def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], Encoder],
              quiet: bool) -> list[dict]:
     quiet = quiet or not cfg.impl.progress
     ft = cfg.finetune
     specs = _validate(cfg)
     fh = cfg.finetune_hash()
     modes = ["finetune"] + (["probe"] if ft.probe else [])
-    device = _device(cfg.impl)
-    old_threads = torch.get_num_threads()
-    if cfg.impl.threads:
-        torch.set_num_threads(cfg.impl.threads)
-    try:
-        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, device)
-    finally:
-        torch.set_num_threads(old_threads)
+    rt = resolve(cfg.impl)  # where pre-training ran: the same device and precision rules
+    with threads(cfg.impl.threads):
+        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt)
 
 
-def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, device) -> list[dict]:
+def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) -> list[dict]:
     ft = cfg.finetune
     plan = []   # (spec, paths, what): what = "done" | skip reason | (train, dev)
     for spec in specs:
         paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
         done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}
         plan.append([spec, paths, "done" if len(done) == len(paths) else _unavailable(spec, ft.glue_dir)])
-    enc: _Encoder | None = None
+    enc: Encoder | None = None
     if any(what != "done" for _, _, what in plan):
         enc = load()   # validates the checkpoint (tokenizer vs vocab) before anything is written
         for item in plan:
             if item[2] is None:
                 # read every task's data before computing anything: a bad file stops the call early
-                item[2] = (_cap(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
-                           _cap(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples))
+                item[2] = (cap_rows(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
+                           cap_rows(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples))
     results: list[dict] = []
     for spec, paths, what in plan:
         if what == "done":
@@ -445,16 +425,16 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, device
             with file_lock(lock):
                 done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}  # another process?
                 results.extend(_run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout,
-                                         device, quiet, *what))
+                                         rt, quiet, *what))
     return results
 
 
-def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, device, quiet,
+def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt, quiet,
               train: TaskData, dev: TaskData) -> list[dict]:
     ft = cfg.finetune
-    e_train = _encode(enc, train, ft.max_length, layout, ft.glue_dir)
-    e_dev = _encode(enc, dev, ft.max_length, layout, ft.glue_dir)
-    prov = provenance(str(device))
+    e_train = encode(enc, train, ft.max_length, layout, ft.glue_dir)
+    e_dev = encode(enc, dev, ft.max_length, layout, ft.glue_dir)
+    prov = provenance(str(rt.device))
 
     def record(mode: str, seed: int, out: dict) -> dict:
         m = out["metrics"]
@@ -467,12 +447,12 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, dev
     for seed in ft.seeds:
         if ("finetune", seed) in out:
             continue
-        res = _finetune_one(cfg, spec, enc.bert, e_train, e_dev, seed, device,
+        res = _finetune_one(cfg, spec, enc.bert, e_train, e_dev, seed, rt,
                             f"{run_key[:12]} {spec.name} seed{seed}", quiet)
         out[("finetune", seed)] = rec = record("finetune", seed, res)
         atomic_write_json(paths[("finetune", seed)], rec)
     if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
-        res = _probe(cfg, spec, enc.bert, e_train, e_dev, device, quiet)
+        res = _probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)
         for seed in ft.seeds:
             if ("probe", seed) not in out:
                 out[("probe", seed)] = rec = record("probe", seed, res)

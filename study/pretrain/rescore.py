@@ -17,10 +17,16 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import torch
+
 from study.config import RunConfig
+from study.data.prepare import prepare_data
 from study.errors import StudyError
-from study.io import atomic_write_json, read_json
 from study.paths import Layout
+from study.pretrain.evaluate import evaluate, reference_set, sentence_set
+from study.provenance import provenance
+from study.rundir import RunDir
+from study.runtime import load_pretrained, resolve
 
 # Scoring the same weights on another thread count or device reorders float sums: the loss moves in
 # its last digits and an argmax whose top two logits tie within rounding may flip. Beyond that, the
@@ -69,45 +75,27 @@ def _compare(stored: dict, now: dict, sentences: int) -> tuple[dict[str, float],
 
 def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     """Score the finished run of `cfg` on the fixed reference again; add the metrics fields it lacks."""
-    import torch
-    from transformers import BertForPreTraining
-    from transformers.utils import logging as hf_logging
-
-    from study.data.prepare import prepare_data
-    from study.pretrain.evaluate import evaluate, reference_set, sentence_set
-    from study.provenance import provenance
-    from study.pretrain.trainer import Dist, autocast_factory, resolve_device, resolve_precision
-
     run_hash = cfg.run_hash()
-    run_dir = layout.run_dir(run_hash)
-    status = read_json(run_dir / "status.json")["status"] if (run_dir / "status.json").exists() else "pending"
-    if status != "done" or not (run_dir / "model" / "config.json").is_file():
+    rd = RunDir(layout, run_hash)
+    status = rd.status().status
+    if status != "done" or not rd.has_model():
         raise StudyError(f"run {run_hash} is {status}: only a finished run has a model to score",
-                         field="--run", source=str(run_dir))
-    stored = read_json(run_dir / "metrics.json")
-    device = resolve_device(cfg.impl.device, Dist())
+                         field="--run", source=str(rd.path))
+    stored = rd.metrics()
+    rt = resolve(cfg.impl)
     prepared = prepare_data(cfg, layout, progress=not quiet)
     ref, sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
-    was = hf_logging.is_progress_bar_enabled()
-    if quiet:  # transformers' own "Loading weights" bar; restored so the caller's setting stands
-        hf_logging.disable_progress_bar()
-    try:
-        model = BertForPreTraining.from_pretrained(str(run_dir / "model"),
-                                                   attn_implementation=cfg.impl.attention).to(device)
-    finally:
-        if quiet and was:
-            hf_logging.enable_progress_bar()
+    model = load_pretrained(rd.model_dir, cfg.impl.attention, quiet).to(rt.device)
     with torch.random.fork_rng(devices=[]):  # scoring draws nothing, but leave the caller's RNG alone
-        now = evaluate(model, ref, sent, device, autocast_factory(device, resolve_precision(cfg.impl.precision, device)),
-                       cfg.impl.sparse_head)
+        now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head)
     dev, bad = _compare(stored, now, len(sent) if sent is not None else 0)
-    meta = read_json(run_dir / "meta.json") if (run_dir / "meta.json").exists() else {}
+    meta = rd.meta()
     out = Rescored(run_hash, added=[k for k in now if k not in stored], deviation=dev, mismatch=bad,
-                   trained_on=str(meta.get("device", "?")), scored_on=str(device))
+                   trained_on=str(meta.get("device", "?")), scored_on=str(rt.device))
     if out.ok and out.added:
-        atomic_write_json(run_dir / "metrics.json", {**stored, **{k: now[k] for k in out.added}})
+        rd.write_metrics({**stored, **{k: now[k] for k in out.added}})
         meta.setdefault("rescores", []).append({
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "added": out.added,
-            "deviation": dev, "device": str(device), "git": provenance(str(device))["git"]})
-        atomic_write_json(run_dir / "meta.json", meta)
+            "deviation": dev, "device": str(rt.device), "git": provenance(str(rt.device))["git"]})
+        rd.write_meta(meta)
     return out

@@ -10,13 +10,25 @@ rows with the task's lengths, plus the forward passes of prediction and probe fe
 come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what the
 8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word). Against measured cpu
 studies it came out 5-20% low (evaluation, model loading, tokenization are not in it).
+
+Both timings run the training code itself, not a copy of it: pre-training's model, optimizer and
+`study.pretrain.step.pretrain_step`, fine-tuning's classifier, optimizer and `finetune_step`, on the
+device and precision `study.runtime` resolves for the run, so a plan cannot drift from training.
 """
 from __future__ import annotations
 
-import contextlib
+import math
+import sys
 import time
 
+import numpy as np
+
 from study.config import RunConfig
+from study.downstream.tasks import HUB, load_task
+from study.errors import StudyError
+
+# torch, transformers and the training modules are imported inside the functions that time steps:
+# `study plan --no-time` (tokens and parameters only) must not pay for importing them.
 
 _STEP_TIMES: dict[tuple, float] = {}  # one measurement per model shape and batch per process
 TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does not exist yet
@@ -56,76 +68,64 @@ def estimate_seconds(cfg: RunConfig) -> float:
     steps = planned_steps(cfg)
     if steps is None:
         return cfg.train.amount
-    t, seq = cfg.train, cfg.objective.max_seq_len
-    key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, seq, t.batch_size, cfg.masking.rate,
-           cfg.impl.sparse_head, cfg.impl.threads, cfg.impl.device, cfg.impl.precision)
+    # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
+    key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, cfg.objective.max_seq_len, cfg.objective.sentence,
+           cfg.train.batch_size, cfg.train.grad_accum, cfg.train.clip, cfg.masking.rate, cfg.impl.model_dump_json())
     if key not in _STEP_TIMES:
-        with _run_threads(cfg):
-            _STEP_TIMES[key] = _time_steps(cfg)
+        _STEP_TIMES[key] = time_pretrain_step(cfg)
     return _STEP_TIMES[key] * steps
 
 
-@contextlib.contextmanager
-def _run_threads(cfg: RunConfig):
-    """Time with the thread count the run will use (impl.threads), then restore the caller's."""
+def _synthetic_parts(cfg: RunConfig) -> list[dict]:
+    """A global batch of the run's shape as the trainer feeds it: full-length rows (the upper bound: real
+    batches trim padding), masking.rate of positions asked, split into grad_accum micro-batches by the
+    trainer's own micro_batches. Random ids from a local generator: the cost does not depend on them."""
     import torch
-    threads = torch.get_num_threads()
-    if cfg.impl.threads:
-        torch.set_num_threads(cfg.impl.threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+
+    from study.data.batches import micro_batches
+    t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (t.batch_size, seq), generator=g)
+    labels = torch.where(torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100))
+    sentence = torch.full((t.batch_size,), 0 if cfg.objective.sentence != "none" else -1, dtype=torch.long)
+    return micro_batches(ids, torch.ones_like(ids), torch.zeros_like(ids), labels, sentence,
+                         t.batch_size // t.grad_accum)
 
 
-def _run_device(cfg: RunConfig):
-    """The device and autocast the pre-training run will use (study.pretrain.trainer's own resolution), so that a
-    plan made on a GPU machine times GPU steps in bf16, not CPU ones. impl.device=cuda on a machine
-    without one is the same StudyError naming impl.device that training raises."""
-    from study.pretrain.trainer import Dist, autocast_factory, resolve_device, resolve_precision
-    device = resolve_device(cfg.impl.device, Dist())
-    return device, autocast_factory(device, resolve_precision(cfg.impl.precision, device))
-
-
-def _time_steps(cfg: RunConfig, n: int = 6) -> float:
-    import sys
-
+def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
+    """Seconds of one pre-training step of `cfg` on this machine: the trainer's own model, optimizer and
+    step function (study.pretrain.step.pretrain_step) on the device and precision the run will use
+    (study.runtime), so that a plan made on a GPU machine times GPU steps in bf16, not CPU ones;
+    impl.device=cuda on a machine without one is the same StudyError naming impl.device that training
+    raises. The minimum over the steps after the first (which pays for allocation)."""
     import torch
 
     from study.pretrain.evaluate import device_sync
-    from study.model.bert import build_model, pretraining_loss
-    t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
-    device, autocast = _run_device(cfg)
-    m = cfg.model
+    from study.pretrain.step import LossModule, build_training_model, make_optimizer, pretrain_step
+    from study.runtime import resolve, threads
+    t, m = cfg.train, cfg.model
+    rt = resolve(cfg.impl)
     # a gpu-profile model on a CPU takes minutes here: say what is being timed
-    print(f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x {seq} on {device}",
-          file=sys.stderr, flush=True)
-    model = build_model(cfg.model, vocab, True, cfg.impl).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)  # a local generator: planning never touches global RNG state
-    ids = torch.randint(5, vocab, (t.batch_size, seq), generator=g)
-    labels = torch.where(torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100))
-    ids, labels = ids.to(device), labels.to(device)
-    times = []
-    for _ in range(n):
-        device_sync(device)
-        start = time.perf_counter()
-        with autocast():
-            out = pretraining_loss(model, ids, torch.ones_like(ids), torch.zeros_like(ids), labels,
-                                   torch.zeros(t.batch_size, dtype=torch.long, device=device),
-                                   sparse=cfg.impl.sparse_head)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad()
-        device_sync(device)
-        times.append(time.perf_counter() - start)
-    return min(times[1:])  # the first step pays for allocation
+    print(f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x "
+          f"{cfg.objective.max_seq_len} on {rt.device}", file=sys.stderr, flush=True)
+    # the dropout masks draw from torch's global generator: planning leaves the caller's state alone
+    with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
+        model, _ = build_training_model(cfg, cfg.tokenizer.vocab_size, rt.device)
+        opt, fused = make_optimizer(cfg, model, rt.device)
+        module, parts = LossModule(model, cfg.impl.sparse_head), _synthetic_parts(cfg)
+        times = []
+        for _ in range(n):
+            device_sync(rt.device)
+            start = time.perf_counter()
+            pretrain_step(module, model, opt, parts, t.lr, clip=t.clip, rt=rt, fused=fused)
+            device_sync(rt.device)
+            times.append(time.perf_counter() - start)
+    return min(times[1:])
 
 
 # --------------------------------------------------------------------------- fine-tuning
-def _row_lengths(cfg: RunConfig, layout, data):
+def row_lengths(cfg: RunConfig, layout, data):
     """Token lengths of the task rows as fine-tuning will see them (specials included, truncated)."""
-    import numpy as np
     max_len = cfg.finetune.max_length
     tok_dir = layout.data_dir(cfg.data_hash()) / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
@@ -139,52 +139,48 @@ def _row_lengths(cfg: RunConfig, layout, data):
     return np.minimum(np.ceil(words * TOKENS_PER_WORD).astype(int) + specials, max_len)
 
 
-def _batch_width(lengths, batch: int) -> int:
+def batch_width(lengths, batch: int) -> int:
     """Mean padded width of shuffled batches (fine-tuning pads each batch to its longest row)."""
-    import numpy as np
     order = np.random.default_rng(0).permutation(len(lengths))
     widths = [lengths[order[i:i + batch]].max() for i in range(0, len(order), batch)]
     return max(1, round(float(np.mean(widths))))
 
 
 def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
-    """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, collate (pad to
-    the batch's longest row), loss, clipping and AdamW, over shuffled batches with these row lengths
-    (random ids: the cost does not depend on them). The median of the steps after the first (which
-    pays for allocation) is robust to a busy moment. On SST-2 (nsp cpu) it gives 40 ms where a real
-    fine-tune took 50 ms per step, counting its model copy and dev prediction."""
-    import numpy as np
+    """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, optimizer, collate
+    (pad to the batch's longest row) and step function (study.downstream.finetune.finetune_step), over
+    shuffled batches with these row lengths (random ids: the cost does not depend on them), on the device
+    and precision fine-tuning will use. The median of the steps after the first (which pays for
+    allocation) is robust to a busy moment. On SST-2 (nsp cpu) it gave 40 ms where a real fine-tune took
+    50 ms per step, counting its model copy and dev prediction."""
     import torch
 
-    from study.downstream.finetune import _autocast, _Classifier, _collate, _device, _Encoded, _param_groups
-    from study.model.bert import build_model
+    from study.downstream.finetune import Classifier, Encoded, collate, finetune_optimizer, finetune_step
+    from study.model import build_model
+    from study.runtime import resolve, threads
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
-    device = _device(cfg.impl)  # fine-tuning's own device and precision, as for pre-training above
-    key = ("ft", cfg.model.model_dump_json(), vocab, ft.batch_size, cfg.impl.threads, str(device),
-           cfg.impl.precision, np.asarray(lengths).tobytes())
+    rt = resolve(cfg.impl)
+    key = ("ft", cfg.model.model_dump_json(), vocab, ft.model_dump_json(), cfg.impl.model_dump_json(),
+           str(rt.device), np.asarray(lengths).tobytes())
     if key in _STEP_TIMES:
         return _STEP_TIMES[key]
-    with _run_threads(cfg):
+    with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
         g = torch.Generator().manual_seed(0)  # local: planning never touches global RNG state
         rng = np.random.default_rng(0)
         order = rng.permutation(len(lengths))[:n * ft.batch_size]
-        rows = _Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
-                        [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
-        model = _Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
-                            cfg.model.init_range, g).to(device)
-        opt = torch.optim.AdamW(_param_groups(model, ft.weight_decay), lr=1e-5)
+        rows = Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
+                       [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
+        model = Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
+                           cfg.model.init_range, g).to(rt.device)
+        model.train()
+        opt = finetune_optimizer(model, ft)
         times = []
         for b in range(0, len(order), ft.batch_size):
             idx = np.arange(b, min(b + ft.batch_size, len(order)))
             start = time.perf_counter()
-            with _autocast(cfg.impl, device):
-                logits = model(**_collate(rows, idx, device))
-            loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(rows.labels[idx]).to(device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            loss.item()
+            loss = finetune_step(model, opt, collate(rows, idx, rt.device),
+                                 torch.from_numpy(rows.labels[idx]).to(rt.device), False, rt.autocast)
+            loss.item()  # waits for the device, as fine-tuning's own loss log does
             times.append(time.perf_counter() - start)
     _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
     return _STEP_TIMES[key]
@@ -196,11 +192,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
     todo: task -> (fine-tune seeds still to run, probe still to run). None when a task's data is not
     on disk (the hub, or a missing folder): its row counts are unknown before download.
     """
-    import math
-
-    from study.errors import StudyError
-    from study.downstream.finetune import _cap  # the rows a cap keeps: the same ones fine-tuning will use
-    from study.downstream.tasks import HUB, load_task
+    from study.downstream.finetune import cap_rows  # the rows a cap keeps: the same ones fine-tuning will use
     ft = cfg.finetune
     if ft.glue_dir == HUB:
         return None
@@ -212,13 +204,13 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
                (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir())
         if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once
             try:
-                train = _cap(load_task(task, ft.glue_dir, "train"), ft.max_train_examples)
-                dev = _cap(load_task(task, ft.glue_dir, "dev"), ft.max_eval_examples)
+                train = cap_rows(load_task(task, ft.glue_dir, "train"), ft.max_train_examples)
+                dev = cap_rows(load_task(task, ft.glue_dir, "dev"), ft.max_eval_examples)
             except StudyError:
                 return None
-            _LENGTHS[key] = (_row_lengths(cfg, layout, train), _row_lengths(cfg, layout, dev))
+            _LENGTHS[key] = (row_lengths(cfg, layout, train), row_lengths(cfg, layout, dev))
         l_train, l_dev = _LENGTHS[key]
-        width = _batch_width(l_train, ft.batch_size)
+        width = batch_width(l_train, ft.batch_size)
         step = _classifier_step(cfg, l_train)
         per_token = step / (ft.batch_size * width) / 3  # a forward pass is about a third of a step
         steps = max(1, math.ceil(ft.epochs * math.ceil(len(l_train) / ft.batch_size)))
