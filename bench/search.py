@@ -95,7 +95,7 @@ def main() -> None:
     from optuna.trial import TrialState
     from study.data.prepare import prepare_data
     from study.paths import Layout
-    from study.search.search import run_search
+    from study.search import run_search
     from study.studies.spec import load_study
     from study.pretrain.trainer import train_run
 

@@ -116,7 +116,7 @@ def load_trials(url: str, name: str):
 
 # --------------------------------------------------------------------------- validation (no training)
 def _err(tmp_path, corpus, search, **kw) -> StudyError:
-    from study.search.search import load_search
+    from study.search import load_search
     spec = write_spec(tmp_path / "bad.yaml", corpus, search, **kw)
     with pytest.raises(StudyError) as ei:
         load_search(spec)
@@ -165,7 +165,7 @@ def test_step_pruner_needs_evaluations(tmp_path, corpus):
 
 
 def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
-    from study.search.search import main
+    from study.search.cli import main
     res = tmp_path / "results"
     spec = write_spec(tmp_path / "bad.yaml", corpus, tiny_search(params={"masking.rat": {"low": 0.1, "high": 0.2}}))
     assert main(["--results", str(res), "search", str(spec), "--quiet"]) == 2
@@ -189,7 +189,8 @@ def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
 
 # --------------------------------------------------------------------------- configs
 def test_split_parameterization_sums_to_one_and_hashes_like_the_defaults(tmp_path, corpus):
-    from study.search.search import load_search, resolve_settings, trial_config
+    from study.search import load_search
+    from study.search.configs import resolve_settings, trial_config
     study, _ = load_search(write_spec(tmp_path / "s.yaml", corpus, tiny_search()))
     s = resolve_settings({"masking.split.mask": 0.8, "masking.split.random_share": 0.5}, study.defaults)
     assert (s["masking.mask"], s["masking.random"], s["masking.keep"]) == (0.8, 0.1, 0.1)
@@ -208,21 +209,22 @@ def test_split_parameterization_sums_to_one_and_hashes_like_the_defaults(tmp_pat
 
 def test_trial_is_the_grid_run(tmp_path, corpus):
     """A sampled value with float noise (0.1 + 0.2) gives the very run a grid spec plans."""
-    from study.search.search import _tidy, load_search, trial_config
+    from study.search import load_search
+    from study.search.configs import tidy, trial_config
     doc = yaml.safe_load(write_spec(tmp_path / "g.yaml", corpus, tiny_search()).read_text())
     doc["factors"] = {"masking.rate": [0.15, 0.3]}
     doc["seeds"] = [0, 1]
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(doc))
     study, _ = load_search(tmp_path / "g.yaml")
     grid = {(r.factors["masking.rate"], r.seed): r.run_hash for r in study.runs}
-    assert trial_config(study, {"masking.rate": _tidy(0.1 + 0.2)}, 1).run_hash() == grid[(0.3, 1)]
+    assert trial_config(study, {"masking.rate": tidy(0.1 + 0.2)}, 1).run_hash() == grid[(0.3, 1)]
     assert trial_config(study, {"masking.rate": 0.15}, 0).run_hash() == grid[(0.15, 0)]
 
 
 def test_sampler_is_seeded_per_trial_number():
     """Workers started together must not propose the same points; the same trial number replays."""
     import optuna
-    from study.search.search import make_sampler
+    from study.search.samplers import make_sampler
     from study.studies.searchspec import SearchSpec
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = SearchSpec(params={"x": {"low": 0.0, "high": 1.0}}, sampler={"kind": "random", "seed": 7})
@@ -245,7 +247,7 @@ def test_sampler_is_seeded_per_trial_number():
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory, corpus, results):
     """A 4-trial search (TPE + median pruner, default SQLite storage) on the tiny spec."""
-    from study.search.search import run_search
+    from study.search import run_search
     spec = write_spec(tmp_path_factory.mktemp("spec") / "tiny.yaml", corpus, tiny_search(), name="tiny")
     ostudy = run_search(spec, layout=Layout(root=results), quiet=True)
     return spec, ostudy
@@ -254,7 +256,8 @@ def searched(tmp_path_factory, corpus, results):
 def test_search_trials_are_ordinary_runs(searched, results):
     from optuna.trial import TrialState
     from study.io import read_json
-    from study.search.search import load_search, trial_config
+    from study.search import load_search
+    from study.search.configs import trial_config
     spec, ostudy = searched
     study, search = load_search(spec)
     trials = ostudy.get_trials()
@@ -293,7 +296,7 @@ def test_search_trials_are_ordinary_runs(searched, results):
 def test_trial_equal_to_a_done_run_reuses_it(searched, results, tmp_path, corpus):
     from optuna.trial import TrialState
     from study.io import read_json
-    from study.search.search import run_search
+    from study.search import run_search
     _, ostudy = searched
     done = next(t for t in ostudy.get_trials() if t.state == TrialState.COMPLETE)
     s = done.user_attrs["settings"]
@@ -311,8 +314,37 @@ def test_trial_equal_to_a_done_run_reuses_it(searched, results, tmp_path, corpus
     assert (run_dir / "history.jsonl").read_bytes() == before   # not trained again
 
 
+def test_search_then_report_names_the_best_trials_parameters(tmp_path, corpus, results, capsys):
+    """`study search`, `study aggregate`, `study report` through the CLI: the report's search section names
+    the best trial and its parameter values, read from the trials.csv the search wrote. (The search wrote
+    `param.<key>` columns while the report read `params_<key>`: a real search's report named no parameter.)"""
+    import html as html_lib
+
+    import pandas as pd
+    from study.cli import main as study_main
+    from study.metrics import param_column
+    from study.search.configs import tidy
+    name = f"e2e{uuid.uuid4().hex[:6]}"
+    spec = write_spec(tmp_path / "e2e.yaml", corpus, tiny_search(n_trials=3), name=name)
+    root = ["--results", str(results), "--reports", str(tmp_path / "reports")]
+    assert study_main([*root, "search", str(spec), "--quiet"]) == 0
+    assert study_main([*root, "aggregate", str(spec), "--quiet"]) == 0
+    assert study_main([*root, "report", str(spec), "--quiet"]) == 0
+    capsys.readouterr()
+    done = [t for t in load_trials(f"sqlite:///{results}/search/{name}/study.db", name) if t.state.name == "COMPLETE"]
+    assert done, "no complete trial: nothing to name"
+    best = min(done, key=lambda t: t.value)                    # ref_mlm_loss: minimized
+    page = html_lib.unescape((tmp_path / "reports" / name / "index.html").read_text())
+    section = page[page.index('id="search"'):]
+    assert f"Best: trial {best.number}," in section
+    for key, value in best.params.items():
+        assert f"{key}={tidy(value)}" in section, (key, value, section[:600])
+    trials = pd.read_csv(results / "search" / name / "trials.csv")
+    assert {param_column(k) for k in best.params} <= set(trials.columns)   # the columns the report reads
+
+
 def test_search_best_writes_a_spec_that_retrains_the_best(searched, results, tmp_path):
-    from study.search.search import write_best
+    from study.search import write_best
     spec, ostudy = searched
     out = write_best(spec, tmp_path / "tiny-best.yaml", layout=Layout(root=results))
     best = load_study(out)
@@ -330,7 +362,8 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     the worker warns and goes on to its next trial instead of dying with exit 1 (a CI failure seen under load)."""
     import optuna
     from optuna.trial import TrialState
-    from study.search.search import open_storage, run_search
+    from study.search import run_search
+    from study.search.storage import open_storage
     from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
@@ -361,7 +394,9 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus)
     finds the point held by the first and stands aside, marked, without counting as a failure."""
     import optuna
     from optuna.trial import TrialState
-    from study.search.search import open_storage, run_search, trials_rows
+    from study.search import run_search
+    from study.search.storage import open_storage
+    from study.search.trials import trials_rows
     from study.studies.searchspec import SearchSpec
     from study.pretrain.trainer import train_run
     search = tiny_search(n_trials=2, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15, 0.3]})
@@ -402,7 +437,7 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     the one that started first. A failed one holds nothing (its retry takes over)."""
     import optuna
     from optuna.trial import TrialState, create_trial
-    from study.search.search import _grid_point_holder
+    from study.search.grid import grid_point_holder
     ost = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": [1, 2]}, seed=0))
     first, second = ost.ask(), ost.ask()                       # grid points 0 and 1 by trial number
     for x in (first, second):
@@ -412,13 +447,13 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     ost.add_trial(create_trial(state=TrialState.WAITING, params={"x": 1}, distributions=dist,
                                system_attrs={"grid_id": grid0, "search_space": {"x": [1, 2]}}))
     late = ost.ask()                                             # pops the queued one: same point, later start
-    assert _grid_point_holder(late) == first.number
-    assert _grid_point_holder(first) is None and _grid_point_holder(second) is None
+    assert grid_point_holder(late) == first.number
+    assert grid_point_holder(first) is None and grid_point_holder(second) is None
     ost._storage.set_trial_state_values(first._trial_id, TrialState.FAIL)  # (tell() would stop the study)
-    assert _grid_point_holder(late) is None                     # the first died: the later one runs the point
+    assert grid_point_holder(late) is None                     # the first died: the later one runs the point
     ost._storage.set_trial_state_values(second._trial_id, TrialState.COMPLETE, [1.0])
     twin = ost.ask()                                              # grid exhausted: optuna re-deals a point
-    held = _grid_point_holder(twin)
+    held = grid_point_holder(twin)
     assert held in (late.number, second.number)
 
 
@@ -426,7 +461,7 @@ def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tm
     """While a dead worker's lock file stands, nobody can write a heartbeat; if breaking it took longer
     than the heartbeat grace (optuna's default lock grace is 30 s, ours 3 heartbeats = 30 s too), every
     live trial would look dead the moment it frees."""
-    from study.search.search import open_storage
+    from study.search.storage import open_storage
     from study.studies.searchspec import SearchSpec
     for hb, grace in ((1, None), (10, None), (60, None), (2, 6), (1, 4)):
         search = SearchSpec.model_validate(tiny_search(heartbeat_interval=hb, grace_period=grace))
@@ -440,7 +475,7 @@ def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
     """One value per pre-training seed; a trial worse than the best on every seed so far is cut before
     its last seed (2 seeds worse: one-sided exact p = 0.25 < 0.5)."""
     from optuna.trial import TrialState
-    from study.search.search import run_search
+    from study.search import run_search
     search = tiny_search(n_trials=3, seeds=[0, 1, 2], sampler={"kind": "grid", "seed": 3},
                          pruner={"kind": "wilcoxon", "n_startup_steps": 2, "p_threshold": 0.5},
                          params={"masking.rate": [0.05, 0.3, 0.6]})
@@ -461,7 +496,8 @@ def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
 def test_downstream_objective_reads_finetune_results(tmp_path, corpus, results):
     """objective SST-2/finetune/accuracy: fine-tuned per trial, value = mean over fine-tune seeds' files."""
     from study.io import read_json
-    from study.search.search import run_search, trial_config, load_search
+    from study.search import load_search, run_search
+    from study.search.configs import trial_config
     glue = tmp_path / "glue" / "SST-2"
     glue.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -488,7 +524,7 @@ def test_downstream_objective_reads_finetune_results(tmp_path, corpus, results):
 # --------------------------------------------------------------------------- many workers (processes)
 def _worker(spec: Path, results: Path, storage: str, n_trials: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.Popen([sys.executable, "-m", "study.search.search", "--results", str(results), "search", str(spec),
+    return subprocess.Popen([sys.executable, "-m", "study.search", "--results", str(results), "search", str(spec),
                              "--storage", storage, "--n-trials", str(n_trials), "--quiet"],
                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 

@@ -1,1 +1,23 @@
-"""search."""
+"""The search stage: an optuna search over any spec key (`study search SPEC`, `study search-best SPEC`).
+
+Each trial is an ordinary run of the harness (the spec's defaults plus the sampled values), so a
+trial reuses a grid study's finished run and a pruned trial leaves a resumable run folder. Modules:
+
+    checks.py     load_search: the spec's `search:` block checked before any training
+    configs.py    the search space -> RunConfigs (through study/studies/spec.py's build_run_config)
+    storage.py    the shared optuna storage (SQLite, any RDB URL, journal file) with heartbeats
+    samplers.py   sampler and pruner from the spec
+    objective.py  one trial: train or reuse the runs, evaluate, report to the pruner
+    grid.py       racing workers on a grid point
+    worker.py     run_search: one worker's loop
+    trials.py     trials.csv (columns: study/metrics.py), best.json, the best trial as a spec
+    cli.py        the commands; `python -m study.search` runs them alone
+
+optuna is imported only inside functions: `study --help` and spec validation import this package and
+must stay fast.
+"""
+from study.search.checks import load_search
+from study.search.trials import write_best
+from study.search.worker import run_search
+
+__all__ = ["load_search", "run_search", "write_best"]

@@ -1,10 +1,11 @@
 """The `search:` block of a study spec: what an optuna search varies, optimises and how it prunes.
 
-Kept apart from study/search/search.py so that study/studies/spec.py can validate the block without importing
-optuna (spec parsing stays light) and without an import cycle (search.py imports spec.py).
+Kept apart from the search stage (study/search/) so that study/studies/spec.py can validate the block without importing
+optuna (spec parsing stays light) and without an import cycle (study/search/ imports spec.py).
 
     search:
       objective: ref_mlm_loss              # a metrics.json key, "TASK/mode/metric", or {metric: weight, ...}
+                                           # (names: study/metrics.py)
       direction: minimize                  # default: minimize for *loss / *ppl, maximize otherwise
       n_trials: 20                         # finished (complete + pruned) trials the study stops at
       timeout: 3600                        # seconds, per worker
@@ -20,7 +21,7 @@ optuna (spec parsing stays light) and without an import cycle (search.py imports
         masking.split.random_share: {low: 0.0, high: 1.0}  # random share of the rest; keep = the remainder
 
 Checks that need RunConfig (does the key exist, does every extreme give a valid run, can any run
-produce the objective metric) live in search.py's `load_search`, before any training.
+produce the objective metric) live in study/search/checks.py's `load_search`, before any training.
 """
 from __future__ import annotations
 
@@ -28,13 +29,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from study.config import Seed, SeedList
+
 # mask + random + keep must sum to 1, so the replacement split is searched through two free
 # coordinates that can take any value in [0, 1] independently (a sampler can't respect a sum constraint).
 SPLIT_KEYS = ("masking.split.mask", "masking.split.random_share")
-
-# metrics.json keys a pre-training run writes (docs/ARCHITECTURE.md); anything else is "TASK/mode/metric".
-PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
-FINETUNE_MODES = ("finetune", "probe")
 
 
 class _Strict(BaseModel):
@@ -101,7 +100,7 @@ class ParamSpec(_Strict):
 
 class SamplerSpec(_Strict):
     kind: Literal["tpe", "random", "grid"] = "tpe"
-    seed: int = 0
+    seed: Seed = 0  # one seed rule for the whole spec (study/config.py)
     n_startup_trials: int = Field(default=5, ge=0)  # tpe: random trials before the model kicks in
 
 
@@ -125,11 +124,11 @@ class SearchSpec(_Strict):
     timeout: float | None = Field(default=None, gt=0)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    best_seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    seeds: SeedList = Field(default_factory=lambda: [0], min_length=1)
+    best_seeds: SeedList = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     # Dead-worker detection: a running trial whose heartbeat is older than grace_period is failed
     # and re-queued (at most max_retry times). grace_period defaults to 3 heartbeats. On journal
-    # storage, a lock file left by a killed worker is broken after (grace - interval) / 2 s (search.py).
+    # storage, a lock file left by a killed worker is broken after (grace - interval) / 2 s (study/search/storage.py).
     heartbeat_interval: int = Field(default=10, ge=1)
     grace_period: int | None = Field(default=None, ge=1)
     max_retry: int = Field(default=2, ge=0)

@@ -1,0 +1,95 @@
+"""Metric names, "TASK/MODE/METRIC" specs, and the columns of the search trials table.
+
+The one place these names are defined: spec validation (search objectives), the search stage, the
+aggregate's tidy table and the report all import them from here, so a metric added or renamed in one
+place cannot silently mean nothing in another. Nothing heavy is imported (no torch, no optuna, no
+GLUE metadata): the report must be able to read these names on a machine without the training stack.
+
+A metric is named either by a bare pre-training key of metrics.json (`ref_mlm_loss`) or by
+`TASK/MODE/METRIC` for a downstream result (`SST-2/finetune/accuracy`, `RTE/probe/accuracy`). In the
+tidy table a pre-training metric has task = mode = "pretrain".
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+from study.errors import StudyError
+
+PRETRAIN = "pretrain"  # the task and the mode of a pre-training metric in the tidy table
+
+# Quality metrics a finished pre-training run writes to metrics.json (docs/ARCHITECTURE.md).
+PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
+# Cost metrics (metrics.json / meta.json) carried as tidy rows too, so cost figures get seed CIs.
+COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
+# How a downstream result was obtained: full fine-tuning, or a linear probe on the frozen encoder.
+MODES = ("finetune", "probe")
+DEFAULT_METRIC = "ref_ppl"  # a report's primary metric when the spec names none
+
+EXAMPLE = "SST-2/finetune/accuracy"
+
+
+class Metric(NamedTuple):
+    """A parsed metric spec; unpacks as `task, mode, name = parse_metric(...)`."""
+
+    task: str
+    mode: str
+    name: str
+
+    @property
+    def is_pretrain(self) -> bool:
+        return self.task == PRETRAIN
+
+    def __str__(self) -> str:
+        return format_metric(*self)
+
+
+def format_metric(task: str, mode: str, name: str) -> str:
+    """The spec text of a metric: the bare name for a pre-training metric, else TASK/MODE/METRIC."""
+    return name if task == PRETRAIN else f"{task}/{mode}/{name}"
+
+
+def parse_metric(spec: str | None, *, field: str = "metric", source: str | None = None,
+                 pretrain: Sequence[str] = PRETRAIN_METRICS + COST_METRICS,
+                 tasks: Mapping[str, Sequence[str]] | None = None) -> Metric:
+    """'SST-2/finetune/accuracy' -> Metric('SST-2', 'finetune', 'accuracy'); 'ref_ppl' -> a pre-training one.
+
+    `pretrain` are the bare names accepted; `tasks` ({task: its metric names}), when given, also checks
+    the task and the metric against what the task reports (the caller passes the GLUE metadata, so this
+    module does not import it). A StudyError names `field` and the allowed values.
+    """
+    spec = DEFAULT_METRIC if spec is None else spec
+    parts = str(spec).split("/")
+    if len(parts) == 1 and spec in pretrain:
+        return Metric(PRETRAIN, PRETRAIN, spec)
+    if len(parts) != 3 or not all(parts):
+        raise StudyError(f"unknown metric '{spec}'", field=field, source=source,
+                         allowed=", ".join(pretrain) + f", or TASK/{'|'.join(MODES)}/METRIC e.g. {EXAMPLE}")
+    task, mode, name = parts
+    if tasks is not None and task not in tasks:
+        raise StudyError(f"unknown task '{task}' in '{spec}'", field=field, source=source, allowed=", ".join(tasks))
+    if mode not in MODES:
+        raise StudyError(f"unknown mode '{mode}' in '{spec}'", field=field, source=source, allowed=", ".join(MODES))
+    if tasks is not None and name not in tasks[task]:
+        raise StudyError(f"{task} does not report '{name}'", field=field, source=source,
+                         allowed=", ".join(tasks[task]))
+    return Metric(task, mode, name)
+
+
+# --------------------------------------------------------------------------- the search trials table
+# results/search/<name>/trials.csv is written by the search stage (study/search/trials.py) and read by
+# the report (study/report/render.py, figures.py), which must not import the search stage: both use
+# these names. Parameter columns are spelled like optuna's `Study.trials_dataframe()` (`params_<key>`),
+# so that table fits the report as it is too.
+TRIAL_COLUMNS = ("number", "state", "value", "params", "run_hash", "tokens", "tokens_total", "reused",
+                 "retry_of", "duplicate_of", "worker", "datetime_start", "datetime_complete")
+PARAM_PREFIX = "params_"
+
+
+def param_column(key: str) -> str:
+    """The trials-table column of a searched key: 'masking.rate' -> 'params_masking.rate'."""
+    return PARAM_PREFIX + key
+
+
+def param_columns(columns: Iterable[str]) -> dict[str, str]:
+    """{searched key: its column} of a trials table's columns (the JSON `params` column is not one)."""
+    return {str(c)[len(PARAM_PREFIX):]: str(c) for c in columns if str(c).startswith(PARAM_PREFIX)}
