@@ -13,11 +13,43 @@ Sections are split the way cramming splits them:
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from study.io import hash_obj
+
+# The error type of a rule between fields (possibly of two sections). Its context names the dotted field
+# and what is allowed, so study/studies/spec.py's pydantic_error can name them like any other error.
+CROSS_FIELD = "cross_field"
+
+
+def cross_field_error(field: str, message: str, allowed: str) -> PydanticCustomError:
+    # Braces in the message would be read as placeholders of the template: escape them.
+    template = message.replace("{", "{{").replace("}", "}}")
+    return PydanticCustomError(CROSS_FIELD, template, {"field": field, "allowed": allowed})
+
+
+# --------------------------------------------------------------------------- seeds
+# One rule for every seed a spec or config names (run, corpus split, fine-tuning, search sampler): an
+# integer in [0, 2**32). numpy's SeedSequence (masking) refuses negatives and its legacy RandomState
+# (optuna's samplers) anything from 2**32 on, so a seed outside this range would pass validation and
+# crash hours later. Strict: `seed: true` or `seed: 1.5` is a typo, not 1.
+SEED_LIMIT = 2**32
+Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
+SEEDS_ALLOWED = f"distinct integers 0 .. {SEED_LIMIT - 1}"
+
+
+def distinct_seeds(seeds: list[int]) -> list[int]:
+    """A list of seeds is a list of replicates: a repeated seed is the same run listed twice."""
+    dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+    if dupes:
+        raise ValueError(f"seed(s) {dupes} listed twice: a repeated seed is the same run again, not a replicate")
+    return seeds
+
+
+SeedList = Annotated[list[Seed], AfterValidator(distinct_seeds)]
 
 
 class Strict(BaseModel):
@@ -34,7 +66,7 @@ class CorpusSource(Strict):
     - text: a .txt file or a folder of them; blank lines separate documents
     - wikitext: WikiText raw files (a file or a folder of *.raw / *.txt)
     - gutenberg: Project Gutenberg .txt books (a file or folder); header/footer stripped
-    - hf: a Hugging Face dataset through `datasets.load_dataset(name, config, split)`;
+    - hf: a Hugging Face dataset through `datasets.load_dataset(name, config, split, revision=revision)`;
       `name` may also be a local dataset folder (`save_to_disk` output or data files)
     """
 
@@ -43,6 +75,7 @@ class CorpusSource(Strict):
     name: str | None = None
     config: str | None = None
     split: str = "train"
+    revision: str | None = None  # hf hub: a commit/tag/branch; None = what the local hub cache holds
     text_column: str = "text"
     max_documents: int | None = Field(default=None, ge=1)
 
@@ -74,7 +107,13 @@ class CorpusConfig(Strict):
     sources: list[CorpusSource] = Field(default_factory=lambda: [CorpusSource(kind="embedded")], min_length=1)
     valid_fraction: float = Field(default=0.05, gt=0, lt=0.5)
     test_fraction: float = Field(default=0.05, ge=0, lt=0.5)
-    split_seed: int = 0
+    split_seed: Seed = 0
+    # What the sources contain (sizes + sha256 of every file read; a hub dataset's name/config/split/
+    # revision), so that an edited corpus is a new data_hash and new run hashes. Resolved, never written by
+    # hand: study.data.corpus.with_fingerprint fills it where a config enters (spec runs, search trials, the
+    # trainer's driver) and checks a value already there against the files; a spec that sets it is an error.
+    # None only in configs built in code (tests, library calls): prepare_data still refuses stale data then.
+    fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
 
 
 class TokenizerConfig(Strict):
@@ -141,7 +180,8 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            raise cross_field_error("model.heads", f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
+                                    f"a divisor of model.hidden ({self.hidden})")
         return self
 
 
@@ -160,6 +200,15 @@ class TrainConfig(Strict):
     clip: float = Field(default=1.0, ge=0)  # 0 disables clipping
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
 
+    @model_validator(mode="after")
+    def _micro_batches(self) -> "TrainConfig":
+        # Equal micro-batches on one process; the trainer checks the split across processes (world size).
+        if self.batch_size % self.grad_accum:
+            raise cross_field_error("train.batch_size", f"batch size {self.batch_size} does not split into "
+                                    f"grad_accum ({self.grad_accum}) equal micro-batches",
+                                    f"a positive multiple of train.grad_accum ({self.grad_accum})")
+        return self
+
 
 # The GLUE tasks study/downstream/tasks.py reads; named here so a spec with a typo fails at validation time.
 GLUE_TASKS = ("SST-2", "CoLA", "MRPC", "QNLI", "RTE", "STS-B", "MNLI", "WNLI")
@@ -170,7 +219,7 @@ class FinetuneConfig(Strict):
 
     tasks: list[Literal[GLUE_TASKS]] = Field(default_factory=lambda: ["SST-2"])  # type: ignore[valid-type]
     glue_dir: str = "../shared/data/glue"
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    seeds: SeedList = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     epochs: float = Field(default=2, gt=0)
     lr: float = Field(default=1e-4, gt=0)
     batch_size: int = Field(default=32, ge=1)
@@ -215,7 +264,7 @@ SEMANTIC_SECTIONS = ("corpus", "tokenizer", "objective", "masking", "model", "tr
 class RunConfig(Strict):
     """Everything one pre-training run needs, fully resolved."""
 
-    seed: int = 0
+    seed: Seed = 0
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
@@ -227,9 +276,15 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _cross(self) -> "RunConfig":
-        if self.objective.max_seq_len > self.model.max_positions:
-            raise ValueError(
-                f"objective.max_seq_len ({self.objective.max_seq_len}) exceeds model.max_positions ({self.model.max_positions})")
+        """Rules between sections, checked when a spec is validated rather than when training or
+        fine-tuning reaches them. (Rules that need the data or the world size stay in the trainer.)"""
+        positions = self.model.max_positions
+        if self.objective.max_seq_len > positions:
+            raise cross_field_error("objective.max_seq_len", f"{self.objective.max_seq_len} exceeds "
+                                    f"model.max_positions ({positions})", f"<= model.max_positions ({positions})")
+        if self.finetune.max_length > positions:
+            raise cross_field_error("finetune.max_length", f"{self.finetune.max_length} exceeds "
+                                    f"model.max_positions ({positions})", f"8..{positions}")
         return self
 
     # ---- identities -------------------------------------------------------------
@@ -242,9 +297,19 @@ class RunConfig(Strict):
         return hash_obj(self.semantic())
 
     def data_hash(self) -> str:
-        """Corpus + split + tokenizer: what the tokenizer and tokenized corpus depend on."""
+        """Corpus (its settings and, once resolved, its contents' fingerprint) + split + tokenizer: what the
+        tokenizer and tokenized corpus depend on."""
         d = self.model_dump(mode="json")
         return hash_obj({"corpus": d["corpus"], "tokenizer": d["tokenizer"]})
+
+    def baseline_key(self) -> str:
+        """Run key of the random-init baseline: what a random model depends on, nothing else.
+
+        The architecture (model section), the tokenizer/vocabulary (data_hash) and the init seed. Runs
+        that differ only in objective, masking or training share one baseline.
+        """
+        return "random-" + hash_obj({"model": self.model.model_dump(mode="json"), "data": self.data_hash(),
+                                     "seed": self.seed})
 
     def finetune_hash(self) -> str:
         d = self.finetune.model_dump(mode="json")

@@ -17,6 +17,7 @@ class StudyError(Exception):
     def __init__(self, message: str, *, field: str | None = None, allowed: str | None = None,
                  source: str | None = None):
         self.field, self.allowed, self.source = field, allowed, source
+        self.message = message  # without the prefixes: lets a caller re-raise it naming the file (`source`)
         parts = []
         if source:
             parts.append(f"{source}:")

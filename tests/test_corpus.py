@@ -284,3 +284,67 @@ def test_embedded_wikipedia_sample():
     text = "\n".join(s for d in docs for s in d)
     assert "'''" not in text and "''" not in text and "|alt=" not in text and "[[" not in text
     assert any(d[0].startswith("Anarchism is a political philosophy") for d in docs)
+
+
+# --------------------------------------------------------------------------- fingerprint
+def test_fingerprint_follows_contents_not_location(tmp_path, monkeypatch):
+    import shutil
+
+    import study.data.corpus as corpus_mod
+    from study.data.corpus import fingerprint
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "one.txt").write_text("First doc. Two sentences.\n\nSecond doc.\n", encoding="utf-8")
+    (a / "notes.md").write_text("not read by a text source\n", encoding="utf-8")
+    shutil.copytree(a, tmp_path / "b")
+    fa = fingerprint(_cfg(f"text:{a}"))
+    assert fingerprint(_cfg(f"text:{tmp_path / 'b'}")) == fa  # a moved corpus is the same corpus
+    (a / "notes.md").write_text("edited, but no text source reads it\n", encoding="utf-8")
+    assert fingerprint(_cfg(f"text:{a}")) == fa
+    (a / "two.txt").write_text("A new document.\n", encoding="utf-8")
+    assert fingerprint(_cfg(f"text:{a}")) != fa  # a file added is new contents
+    # digests are cached per file state: an unchanged corpus is stat()ed, not re-read
+    calls = []
+    monkeypatch.setattr(corpus_mod, "sha256_file", lambda p: calls.append(p) or "x")
+    fingerprint(_cfg(f"text:{a}"))
+    assert calls == []
+    (a / "one.txt").write_text("First dot. Two sentences.\n\nSecond doc.\n", encoding="utf-8")  # same size
+    fingerprint(_cfg(f"text:{a}"))
+    assert [Path(p).name for p in calls] == ["one.txt"]
+
+
+def test_fingerprint_of_hf_sources(tmp_path, hf_cache):
+    from study.data.corpus import fingerprint
+    hub = _cfg("hf:someone/some-dataset@cfg:train")  # not downloaded: identified by name/config/split/revision
+    assert fingerprint(hub) != fingerprint(_cfg("hf:someone/some-dataset@cfg:validation"))
+    pinned = CorpusConfig(sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision="abc")])
+    assert fingerprint(pinned) != fingerprint(hub)
+    ds = hf_cache.Dataset.from_dict({"text": ROWS})
+    ds.save_to_disk(str(tmp_path / "local"))
+    local = _cfg(f"hf:{tmp_path / 'local'}:train")
+    before = fingerprint(local)
+    hf_cache.Dataset.from_dict({"text": ROWS[::-1]}).save_to_disk(str(tmp_path / "local2"))
+    for f in (tmp_path / "local2").iterdir():  # the same folder, rewritten with other rows
+        (tmp_path / "local" / f.name).write_bytes(f.read_bytes())
+    assert fingerprint(local) != before
+
+
+def test_with_fingerprint_fills_then_checks(tmp_path):
+    from study.config import RunConfig
+    from study.data.corpus import with_fingerprint
+    f = tmp_path / "c.txt"
+    f.write_text("One doc here.\n\nAnother doc.\n", encoding="utf-8")
+    bare = RunConfig.model_validate({"corpus": {"sources": [f"text:{f}"]}})
+    resolved = with_fingerprint(bare)
+    assert bare.corpus.fingerprint is None and resolved.corpus.fingerprint  # a copy; the input is untouched
+    assert resolved.run_hash() != bare.run_hash() and with_fingerprint(resolved) == resolved
+    again = RunConfig.model_validate(resolved.model_dump(mode="json"))  # a run folder's config.json
+    assert with_fingerprint(again).run_hash() == resolved.run_hash()
+    f.write_text("One dog here.\n\nAnother doc.\n", encoding="utf-8")
+    with pytest.raises(StudyError) as ei:
+        with_fingerprint(again, source="config.json")
+    assert ei.value.field == "corpus.fingerprint" and ei.value.source == "config.json"
+    with pytest.raises(StudyError) as ei:
+        with_fingerprint(RunConfig.model_validate({"corpus": {"sources": [f"gutenberg:{tmp_path}/none"]}}),
+                         source="s.yaml")
+    assert ei.value.field == "corpus.sources[0].path" and ei.value.source == "s.yaml"

@@ -319,3 +319,69 @@ def test_mixed_sources_stats_per_source(tmp_path):
     assert src[1]["sentences"] == 12 and src[1]["words"] == 12 * 7
     for key in ("documents", "sentences", "words", "tokens"):
         assert sum(s[key] for s in src) == sum(p.stats["splits"][n][key] for n in ("train", "valid", "test"))
+
+
+# --------------------------------------------------------------------------- corpus contents in the data identity
+def _edit_in_place_same_size(f: Path) -> None:
+    """Change one word to another of the same length: same size, new contents."""
+    text = f.read_text(encoding="utf-8")
+    assert " cat " in text
+    f.write_text(text.replace(" cat ", " dog ", 1), encoding="utf-8")
+
+
+def _spec_on(tmp_path: Path, corpus: Path) -> Path:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: fp\ndefaults:\n  corpus: {{sources: ['text:{corpus}'], valid_fraction: 0.1}}\n"
+                    "  tokenizer: {vocab_size: 200}\n", encoding="utf-8")
+    return spec
+
+
+def test_an_edited_corpus_is_a_new_identity_and_is_rebuilt(tmp_path, monkeypatch):
+    from study.studies.spec import load_study
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i in range(3):
+        (src / f"book{i}.txt").write_text(_corpus_text(15, seed=i), encoding="utf-8")
+    spec, layout = _spec_on(tmp_path, src), Layout(root=tmp_path / "results")
+    old = load_study(spec).runs[0].config
+    assert old.corpus.fingerprint and load_study(spec).runs[0].run_hash == old.run_hash()  # stable when unchanged
+    first = prepare_data(old, layout, progress=False)
+    size = (src / "book1.txt").stat().st_size
+    _edit_in_place_same_size(src / "book1.txt")
+    assert (src / "book1.txt").stat().st_size == size
+    new = load_study(spec).runs[0].config
+    assert new.corpus.fingerprint != old.corpus.fingerprint
+    assert new.data_hash() != old.data_hash() and new.run_hash() != old.run_hash()
+    reads = []
+    real = corpus_mod.load_corpus
+    monkeypatch.setattr(corpus_mod, "load_corpus", lambda *a, **k: reads.append(1) or real(*a, **k))
+    second = prepare_data(new, layout, progress=False)
+    assert reads == [1] and second.dir != first.dir  # rebuilt from the new text, into a new folder
+    assert second.stats["fingerprint"] == new.corpus.fingerprint
+    assert second.stats["corpus_hash"] != first.stats["corpus_hash"]
+    # the old resolved config now names data that no longer exists: refused, nothing reused
+    with pytest.raises(StudyError) as ei:
+        prepare_data(old, layout, progress=False)
+    assert ei.value.field == "corpus.fingerprint"
+
+
+def test_unresolved_config_never_reuses_a_folder_built_from_other_contents(tiny, caplog):
+    cfg, layout = tiny  # built in code: no fingerprint, so its data hash cannot see the contents
+    assert cfg.corpus.fingerprint is None
+    f = Path(cfg.corpus.sources[0].path)
+    first = prepare_data(cfg, layout, progress=False)
+    _edit_in_place_same_size(f)
+    with caplog.at_level(logging.WARNING):
+        second = prepare_data(cfg, layout, progress=False)
+    assert "built from other corpus contents" in caplog.text
+    assert second.stats["fingerprint"] != first.stats["fingerprint"]
+    assert second.stats["corpus_hash"] != first.stats["corpus_hash"]
+
+
+def test_missing_source_at_prepare_is_a_study_error_and_writes_nothing(tmp_path):
+    cfg = RunConfig.model_validate({"corpus": {"sources": ["embedded", f"text:{tmp_path / 'gone.txt'}"]}})
+    root = tmp_path / "results"
+    with pytest.raises(StudyError) as ei:
+        prepare_data(cfg, Layout(root=root), progress=False)
+    assert ei.value.field == "corpus.sources[1].path" and "does not exist" in str(ei.value)
+    _assert_nothing_written(root)

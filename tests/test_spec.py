@@ -168,3 +168,208 @@ def test_cli_exit_code_in_a_subprocess(tmp_path):
     path = write(tmp_path, "name: t\ndefaults:\n  masking: {rate: 2}\n")
     proc = subprocess.run([sys.executable, "-m", "study", "validate", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2 and "masking.rate" in proc.stderr
+
+
+CROSS = {  # rules between fields: `study validate` names the dotted field and what it allows
+    # case: (defaults that break the rule, one run's setting that breaks it, field, allowed)
+    "seq_vs_positions": ("objective: {max_seq_len: 64}\n  model: {max_positions: 32}", "objective.max_seq_len: 1024",
+                         "objective.max_seq_len", "<= model.max_positions (32)"),
+    "finetune_length": ("finetune: {max_length: 256}\n  model: {max_positions: 128}", "finetune.max_length: 1024",
+                        "finetune.max_length", "8..128"),
+    "grad_accum": ("train: {batch_size: 30, grad_accum: 4}", "train.grad_accum: 7", "train.batch_size",
+                   "a positive multiple of train.grad_accum (4)"),
+    "heads": ("model: {hidden: 100, heads: 3}", "model.heads: 7", "model.heads", "a divisor of model.hidden (100)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CROSS))
+def test_cross_field_rules_are_caught_by_validate(tmp_path, capsys, case):
+    defaults, setting, field, allowed = CROSS[case]
+    path = write(tmp_path, f"name: t\ndefaults:\n  {defaults}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: {field}:" in err and f"(allowed: {allowed})" in err, err
+    # the same rule broken by one run of a study names the run too
+    path = write(tmp_path, f"name: t\nruns:\n  - {{label: odd, set: {{{setting}}}}}\n", "r.yaml")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}:" in err and "(in run 'odd')" in err, err
+
+
+def test_build_run_config_is_what_load_study_builds(tmp_path):
+    """The one construction of a run from a spec (search trials use it too): same config, same hash."""
+    from study.studies.spec import build_run_config
+    study = load_study(write(tmp_path, GOOD))
+    for run in study.runs:
+        cfg = build_run_config(study.defaults, run.factors, run.seed, str(study.path))
+        assert cfg == run.config and cfg.run_hash() == run.run_hash
+
+
+# --------------------------------------------------------------------------- the hardened front door
+# Every case: exit 2, the message names the file and the dotted field, no traceback, nothing written.
+def _rejects(tmp_path, capsys, text, field, *, name="s.yaml", extra=()):
+    path = write(tmp_path, text, name)
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    assert main(["--results", str(results), "--reports", str(reports), "validate", str(path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err, err
+    assert not results.exists() and not reports.exists()
+    return err
+
+
+def _laughs(levels: int = 9, inside: str = "factors:\n  masking.rate") -> str:
+    """A 'billion laughs': each anchor is a list of ten aliases of the one before (10**levels strings)."""
+    first = "[" + ", ".join(["lol"] * 10) + "]"
+    items = [f"&l0 {first}"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return f"name: t\n{inside}: [{', '.join(items)}]\n"
+
+
+YAML_BOMBS = {
+    "laughs_in_factor": (_laughs(), "factors.masking.rate"),
+    "laughs_in_report_x": (_laughs(inside="report:\n  x"), "report.x"),
+    "laughs_in_defaults": (_laughs(inside="defaults:\n  corpus:\n    sources"), "defaults.corpus.sources"),
+    "recursive_alias": ("name: t\nfactors:\n  masking.rate: &r [0.1, *r]\n", "factors.masking.rate"),
+    "deep_nesting": ("name: t\nquestion: " + "[" * 5000 + "]" * 5000 + "\n", "question: nested deeper"),
+    "deep_alias_chain": ("name: t\nq:\n" + "\n".join(f"  - &c{i} [*c{i - 1}]" if i else "  - &c0 [0.1]"
+                                                    for i in range(400)) + "\n", "q"),
+    "unhashable_key": ("name: t\nfactors:\n  ? [a, b]\n  : [1]\n", "key must be a scalar"),
+    "huge_file": ("name: t\nquestion: '" + "x" * (300 * 1024) + "'\n", "256 KiB"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(YAML_BOMBS))
+def test_yaml_bombs_are_refused_fast_and_small(tmp_path, capsys, case):
+    import time
+    import tracemalloc
+    text, field = YAML_BOMBS[case]
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        _rejects(tmp_path, capsys, text, field)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    # before: 20 s and 1.9 GB then killed (the error path formatted the expanded value)
+    assert time.perf_counter() - t0 < 2.0 and peak < 64 * 2**20, (time.perf_counter() - t0, peak)
+
+
+def test_yaml_merge_keys_and_plain_anchors_still_work(tmp_path):
+    study = load_study(write(tmp_path, "name: t\nprofiles:\n  cpu: &p {model.layers: 1, model.hidden: 32}\n"
+                                       "  gpu: {<<: *p, model.hidden: 64}\nfactors:\n  masking.rate: &r [0.1, 0.2]\n"
+                                       "runs:\n  - {label: x, set: {masking.rate: 0.3}}\n"), "gpu")
+    assert study.spec.profiles["gpu"] == {"model.layers": 1, "model.hidden": 64}
+    assert {r.config.model.hidden for r in study.runs} == {64}
+
+
+def test_error_messages_never_format_an_unbounded_value(tmp_path, capsys):
+    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  masking: {rate: '" + "9" * 5000 + "'}\n", "masking.rate")
+    assert len(err) < 600, len(err)
+
+
+def test_base_naming_a_folder_or_a_non_spec_file(tmp_path, capsys):
+    (tmp_path / "dir.yaml").mkdir()
+    err = _rejects(tmp_path, capsys, "name: t\nbase: dir.yaml\n", "base")
+    assert "s.yaml" in err and "not a file" in err
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "notes.txt").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    err = _rejects(tmp_path, capsys, "name: t\nbase: elsewhere/notes.txt\n", "base")
+    assert "s.yaml" in err and ".yaml" in err
+    (outside / "passwd.yaml").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    err = _rejects(tmp_path, capsys, "name: t\nbase: elsewhere/passwd.yaml\n", "base")
+    assert "s.yaml" in err and "passwd.yaml" in err and "mapping" in err
+    (outside / "other.yaml").write_text("owner: me\n")  # a mapping, but not a spec
+    err = _rejects(tmp_path, capsys, "name: t\nbase: elsewhere/other.yaml\n", "name: Field required")
+    assert "other.yaml" in err and "base of" in err and "s.yaml" in err
+    _rejects(tmp_path, capsys, "name: t\nbase: ''\n", "base")
+
+
+def test_error_inside_a_base_names_the_base_file_and_its_field(tmp_path, capsys):
+    write(tmp_path, "name: b\ndefaults:\n  masking: {rat: 0.2}\n", "b.yaml")
+    err = _rejects(tmp_path, capsys, "name: t\nbase: b.yaml\n", "masking.rat")
+    assert "b.yaml" in err and "base of" in err
+
+
+REPORT_BAD = {
+    "compare_factor_typo": ("compare: {factor: masking.rte, a: 0.15, b: 0.3}", "report.compare.factor"),
+    "compare_a_not_a_level": ("compare: {factor: masking.rate, a: 0.2, b: 0.3}", "report.compare.a"),
+    "compare_b_missing": ("compare: {factor: masking.rate, a: 0.15}", "report.compare.b"),
+    "compare_unknown_key": ("compare: {factor: masking.rate, a: 0.15, b: 0.3, c: 1}", "report.compare.c"),
+    "compare_same_level": ("compare: {factor: masking.rate, a: 0.15, b: 0.15}", "report.compare.b"),
+    "compare_label_level": ("compare: {factor: label, a: nope, b: base}", "report.compare.a"),
+    "x_typo": ("x: masking.rat", "report.x"),
+    "hue_typo": ("hue: objective.sentense", "report.hue"),
+    "metric_typo": ("primary_metric: ref_pll", "report.primary_metric"),
+    "metric_task_not_finetuned": ("primary_metric: MRPC/finetune/accuracy", "report.primary_metric"),
+    "metric_not_reported": ("primary_metric: SST-2/finetune/f1", "report.primary_metric"),
+    "metric_bad_mode": ("primary_metric: SST-2/frozen/accuracy", "report.primary_metric"),
+    "probe_metric_without_probe": ("primary_metric: SST-2/probe/accuracy", "report.primary_metric"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_BAD))
+def test_report_hints_are_checked_at_validation(tmp_path, capsys, case):
+    hint, field = REPORT_BAD[case]
+    text = GOOD.replace("defaults:\n", "defaults:\n  finetune: {probe: false}\n") if "probe" in case else GOOD
+    _rejects(tmp_path, capsys, text + f"report:\n  {hint}\n", field)
+
+
+def test_report_hints_that_the_aggregate_can_use_pass(tmp_path):
+    for hint in ("compare: {factor: masking.rate, a: 0.15, b: 0.3}", "x: label", "hue: objective.sentence",
+                 "compare: {factor: objective.sentence, a: nsp, b: none}", "primary_metric: SST-2/probe/accuracy",
+                 "primary_metric: tokens_per_s", "compare: {factor: label, a: 'masking.rate=0.15,objective.sentence=nsp',"
+                 " b: 'masking.rate=0.3,objective.sentence=nsp'}"):
+        assert load_study(write(tmp_path, GOOD + f"report:\n  {hint}\n")).runs, hint
+
+
+def test_sentence_metric_needs_a_sentence_task(tmp_path, capsys):
+    _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {sentence: none, format: doc_sentences}\n"
+                               "report: {primary_metric: sentence_acc}\n", "report.primary_metric")
+
+
+SEED_BAD = {
+    "seeds_repeated": ("seeds: [0, 0]", "seeds"),
+    "seeds_negative": ("seeds: [-1]", "seeds"),
+    "seeds_too_large": ("seeds: [4294967296]", "seeds"),
+    "seeds_bool": ("seeds: [true]", "seeds"),
+    "seeds_float": ("seeds: [1.5]", "seeds"),
+    "finetune_seeds_repeated": ("defaults:\n  finetune: {seeds: [1, 2, 1]}", "finetune.seeds"),
+    "finetune_seeds_negative": ("defaults:\n  finetune: {seeds: [-3]}", "finetune.seeds"),
+    "split_seed_negative": ("defaults:\n  corpus: {split_seed: -1}", "corpus.split_seed"),
+    "search_seeds_negative": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, seeds: [-1]}",
+                              "search.seeds"),
+    "search_sampler_seed": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, sampler: {seed: 4294967296}}",
+                            "search.sampler.seed"),
+    "search_best_seeds_repeated": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, best_seeds: [3, 3]}",
+                                   "search.best_seeds"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEED_BAD))
+def test_one_seed_rule_everywhere(tmp_path, capsys, case):
+    text, field = SEED_BAD[case]
+    err = _rejects(tmp_path, capsys, f"name: t\n{text}\n", field)
+    assert "4294967295" in err, err  # the allowed range is named
+
+
+def test_run_config_seed_rule():
+    from pydantic import ValidationError
+    for bad in (-1, 2**32, True):
+        with pytest.raises(ValidationError):
+            RunConfig(seed=bad)
+    assert RunConfig(seed=2**32 - 1).seed == 2**32 - 1
+
+
+def test_a_hand_written_fingerprint_is_refused(tmp_path, capsys):
+    for text, field in (("defaults:\n  corpus: {fingerprint: 0123456789abcdef}", "defaults.corpus.fingerprint"),
+                        ("profiles:\n  cpu: {corpus.fingerprint: 0123456789abcdef}", "profiles.cpu.corpus.fingerprint"),
+                        ("factors:\n  corpus.fingerprint: [0123456789abcdef]", "factors.corpus.fingerprint"),
+                        ("runs:\n  - {label: x, set: {corpus.fingerprint: 0123456789abcdef}}",
+                         "runs[0].set.corpus.fingerprint")):
+        _rejects(tmp_path, capsys, f"name: t\n{text}\n", field)
+
+
+def test_a_missing_corpus_source_is_refused_at_validation(tmp_path, capsys):
+    err = _rejects(tmp_path, capsys, f"name: t\ndefaults:\n  corpus:\n    sources: [embedded, 'text:{tmp_path}/nope']\n",
+                   "corpus.sources[1].path")
+    assert "does not exist" in err and "s.yaml" in err

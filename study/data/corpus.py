@@ -10,12 +10,16 @@ one sentence without calling pysbd at all.
 
 WikiText is pre-tokenized (" @-@ ", " @,@ ", " @.@ ", spaces before punctuation);
 it is detokenized lightly before sentence splitting so pysbd sees normal text.
+
+The corpus fingerprint (`fingerprint`, `with_fingerprint`) lives here because it must cover exactly
+the files the readers read (`source_files` is used by both): an edited book is a new data hash.
 """
 from __future__ import annotations
 
 import bz2
 import functools
 import hashlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +27,9 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from study.config import CorpusConfig, CorpusSource
+from study.config import CorpusConfig, CorpusSource, RunConfig
 from study.errors import StudyError
+from study.io import hash_obj, sha256_file
 
 Doc = list[str]
 
@@ -62,18 +67,20 @@ def _files(path: str, patterns: tuple[str, ...], fieldname: str) -> list[Path]:
         files = sorted({f for pat in patterns for f in p.rglob(pat) if f.is_file()})
         if files:
             return files
-    raise StudyError(f"no {' / '.join(patterns)} files at {path!r}", field=fieldname,
-                     allowed="an existing file or a folder containing such files")
+    what = "does not exist" if not p.exists() else "is neither a file nor a folder" if not p.is_dir() else \
+        f"is a folder without {' / '.join(patterns)} files"
+    raise StudyError(f"{path!r} {what} (relative paths are read from {Path.cwd()})", field=fieldname,
+                     allowed=f"an existing file, or a folder containing {' / '.join(patterns)} files")
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, fieldname: str = "corpus.sources.path") -> str:
     """Strict UTF-8 (BOM dropped), CRLF/CR normalized to LF."""
     data = path.read_bytes()
     try:
         text = data.decode("utf-8-sig", errors="strict")
     except UnicodeDecodeError as e:
         raise StudyError(f"{path} is not valid UTF-8 (byte offset {e.start})",
-                         field="corpus.sources.path", allowed="UTF-8 text files") from None
+                         field=fieldname, allowed="UTF-8 text files") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -84,10 +91,16 @@ def _blank_line_docs(text: str) -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------- readers
-def read_text(path: str) -> Iterator[Doc]:
-    """A .txt file or folder (sorted, recursive); blank lines separate documents."""
-    for f in _files(path, ("*.txt",), "corpus.sources.path"):
-        for block in _blank_line_docs(_read_text(f)):
+# The files each path-based kind reads from a folder (a file path is read whatever its name).
+PATTERNS = {"text": ("*.txt",), "wikitext": ("*.raw", "*.tokens", "*.txt"), "gutenberg": ("*.txt",)}
+
+
+def read_text(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
+    """A .txt file or folder (sorted, recursive); blank lines separate documents.
+
+    `where` names the source in errors (load_corpus passes `corpus.sources[i]`)."""
+    for f in _files(path, PATTERNS["text"], f"{where}.path"):
+        for block in _blank_line_docs(_read_text(f, f"{where}.path")):
             sents = split_sentences(block)
             if sents:
                 yield sents
@@ -109,14 +122,14 @@ _TOP = re.compile(r"^ = [^=].* = $")
 _SUB = re.compile(r"^ (= )+.*( =)+ $")
 
 
-def read_wikitext(path: str) -> Iterator[Doc]:
+def read_wikitext(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
     """A document starts at a ' = Title = ' line with blank lines on both sides.
 
     Heading and subheading lines are dropped; the blank-line rule keeps math lines
     such as ' = 1 henry and capacitance C = ' from splitting their article.
     """
-    for f in _files(path, ("*.raw", "*.tokens", "*.txt"), "corpus.sources.path"):
-        lines = _read_text(f).split("\n")
+    for f in _files(path, PATTERNS["wikitext"], f"{where}.path"):
+        lines = _read_text(f, f"{where}.path").split("\n")
         doc: list[str] = []
         for i, line in enumerate(lines):
             blank_before = i == 0 or not lines[i - 1].strip()
@@ -134,7 +147,13 @@ def read_wikitext(path: str) -> Iterator[Doc]:
             yield doc
 
 
-def read_hf(src: CorpusSource) -> Iterator[Doc]:
+def _is_local_dataset(name: str) -> bool:
+    """A `save_to_disk` folder (read with load_from_disk) rather than a hub id or a folder of data files."""
+    p = Path(name)
+    return p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists())
+
+
+def read_hf(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
     """A Hugging Face dataset; `name` may be a local `save_to_disk` folder.
 
     Rule: if any row of `text_column` is blank the dataset is line-based (like
@@ -143,25 +162,25 @@ def read_hf(src: CorpusSource) -> Iterator[Doc]:
     """
     import datasets
     p = Path(src.name)
-    if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+    if _is_local_dataset(src.name):
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             if src.split not in ds:
-                raise StudyError(f"split {src.split!r} not in {p}", field="corpus.sources.split",
+                raise StudyError(f"split {src.split!r} not in {p}", field=f"{where}.split",
                                  allowed=", ".join(ds))
             ds = ds[src.split]
     else:
         try:
-            ds = datasets.load_dataset(src.name, src.config, split=src.split)
+            ds = datasets.load_dataset(src.name, src.config, split=src.split, revision=src.revision)
         except (OSError, ValueError) as e:  # not found / offline / unknown split or config
             raise StudyError(f"cannot load dataset {src.name!r} (config {src.config!r}, split {src.split!r}): "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                             field="corpus.sources.name",
+                             field=f"{where}.name",
                              allowed="a hub id already in the local cache (HF_HUB_OFFLINE=1), a save_to_disk "
                                      "folder, or a folder of data files") from None
     if src.text_column not in ds.column_names:
         raise StudyError(f"column {src.text_column!r} not in dataset {src.name}",
-                         field="corpus.sources.text_column", allowed=", ".join(ds.column_names))
+                         field=f"{where}.text_column", allowed=", ".join(ds.column_names))
     rows = ds[src.text_column]
     if any(not (r or "").strip() for r in rows):
         for block in _blank_line_docs("\n".join((r or "").rstrip("\n") for r in rows)):
@@ -176,8 +195,12 @@ def read_hf(src: CorpusSource) -> Iterator[Doc]:
 
 
 def embedded_path() -> Path:
-    import gensim
-    return (Path(gensim.__file__).parent / "test" / "test_data" /
+    # found without importing gensim (~2 s here): spec validation fingerprints this file
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise StudyError("the embedded corpus needs the gensim package, which is not installed",
+                         field="corpus.sources", allowed="text, wikitext, gutenberg or hf sources")
+    return (Path(spec.submodule_search_locations[0]) / "test" / "test_data" /
             "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
 
 
@@ -255,7 +278,7 @@ def _is_heading(lines: list[str], i: int) -> bool:
     return (i + 1 == len(lines) or not lines[i + 1].strip()) and bool(_NUMBER_TITLE.fullmatch(text))
 
 
-def read_gutenberg(path: str) -> Iterator[Doc]:
+def read_gutenberg(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
     """Project Gutenberg books; one document per chapter.
 
     A chapter starts at a heading line: "CHAPTER I", "Chapter 1", "BOOK II", "PART ONE", or a bare
@@ -264,8 +287,8 @@ def read_gutenberg(path: str) -> Iterator[Doc]:
     without such headings stays one document. Wrapped lines inside a paragraph are joined
     before sentence splitting.
     """
-    for f in _files(path, ("*.txt",), "corpus.sources.path"):
-        lines = strip_gutenberg(_read_text(f)).split("\n")
+    for f in _files(path, PATTERNS["gutenberg"], f"{where}.path"):
+        lines = strip_gutenberg(_read_text(f, f"{where}.path")).split("\n")
         chapters: list[list[str]] = [[]]
         for i, line in enumerate(lines):
             if _is_heading(lines, i):
@@ -279,16 +302,103 @@ def read_gutenberg(path: str) -> Iterator[Doc]:
                 yield sents
 
 
-def read_source(src: CorpusSource) -> Iterator[Doc]:
+def read_source(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
     if src.kind == "text":
-        return read_text(src.path)
+        return read_text(src.path, where)
     if src.kind == "wikitext":
-        return read_wikitext(src.path)
+        return read_wikitext(src.path, where)
     if src.kind == "gutenberg":
-        return read_gutenberg(src.path)
+        return read_gutenberg(src.path, where)
     if src.kind == "hf":
-        return read_hf(src)
+        return read_hf(src, where)
     return read_embedded()
+
+
+# --------------------------------------------------------------------------- fingerprint
+# sha256 per file, keyed by what changes when the file does: an edit (even one keeping the size) moves
+# mtime and ctime (which no tool can set back), a replacement the inode. In-process only: loading every
+# profile of every shipped spec hashes the ~32 MB of ../shared/data once and then only stats files.
+_DIGESTS: dict[tuple, str] = {}
+
+
+def file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
+
+
+def source_files(src: CorpusSource, where: str = "corpus.sources") -> list[tuple[str, Path]]:
+    """(name, file) for every file `src` is read from; the name is relative to the source's folder, so
+    moving a corpus does not change what it is. Empty for a hub dataset (not local files).
+
+    A path that does not exist, or a folder without such files, is a StudyError naming `where`.path."""
+    if src.kind in PATTERNS:
+        root = Path(src.path)
+        return [(f.relative_to(root).as_posix() if f != root else f.name, f)
+                for f in _files(src.path, PATTERNS[src.kind], f"{where}.path")]
+    if src.kind == "embedded":
+        return [(embedded_path().name, embedded_path())]
+    root = Path(src.name)
+    if not root.is_dir():
+        return []
+    # a save_to_disk folder or a folder of data files: every file in it may be read
+    return [(f.relative_to(root).as_posix(), f) for f in sorted(root.rglob("*")) if f.is_file()]
+
+
+def _hub_revision(src: CorpusSource) -> str | None:
+    """The commit the local hub cache holds for a hub dataset (what an offline load reads), if any."""
+    # huggingface_hub only when an hf source is used: spec validation stays light without it
+    from huggingface_hub import constants
+    ref = Path(constants.HF_HUB_CACHE) / f"datasets--{src.name.replace('/', '--')}" / "refs" / "main"
+    try:
+        return ref.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
+def source_fingerprint(src: CorpusSource, where: str = "corpus.sources") -> dict:
+    """What `src` contains: [name, bytes, sha256] per file; for a hub dataset its name, config, split
+    and revision (the pinned one, else the cached commit, else None until it is downloaded)."""
+    files = source_files(src, where)
+    if src.kind == "hf" and not files:
+        if Path(src.name).exists():  # a folder with nothing in it, or a file: neither is a dataset
+            raise StudyError(f"{src.name!r} is not a dataset folder or hub id", field=f"{where}.name",
+                             allowed="a hub id, a save_to_disk folder, or a folder of data files")
+        return {"hub": src.name, "config": src.config, "split": src.split,
+                "revision": src.revision or _hub_revision(src)}
+    return {"files": [[name, f.stat().st_size, file_digest(f)] for name, f in files]}
+
+
+def fingerprint(cfg: CorpusConfig) -> str:
+    """The corpus contents as one hash (CorpusConfig.fingerprint); errors name `corpus.sources[i]`."""
+    return hash_obj([source_fingerprint(src, f"corpus.sources[{i}]") for i, src in enumerate(cfg.sources)],
+                    length=16)
+
+
+def with_fingerprint(cfg: RunConfig, source: str | None = None) -> RunConfig:
+    """`cfg` with corpus.fingerprint resolved from the files as they are now.
+
+    A config that already carries one (a run folder's config.json, a config resolved earlier in this
+    process) is checked instead: if the files changed since, its run hash describes data that no longer
+    exists, and going on would train or reuse under the wrong identity."""
+    try:
+        now = fingerprint(cfg.corpus)
+    except StudyError as exc:
+        if source is None or exc.source:
+            raise
+        raise StudyError(exc.message, field=exc.field, allowed=exc.allowed, source=source) from None
+    if cfg.corpus.fingerprint == now:
+        return cfg
+    if cfg.corpus.fingerprint is not None:
+        raise StudyError(f"the corpus sources changed since this config was resolved (fingerprint "
+                         f"{cfg.corpus.fingerprint}, the files now give {now}); load the spec again to get "
+                         f"the new run hashes", field="corpus.fingerprint", source=source,
+                         allowed="a config resolved from the current sources")
+    out = cfg.model_copy(deep=True)
+    out.corpus.fingerprint = now
+    return out
 
 
 # --------------------------------------------------------------------------- corpus + split
@@ -331,7 +441,8 @@ def load_corpus(cfg: CorpusConfig, progress: bool = True) -> Corpus:
     keyed: list[tuple[float, int, Doc]] = []
     for si, src in enumerate(cfg.sources):
         n_docs = n_sents = n_words = 0
-        it = tqdm(read_source(src), desc=f"read {src.kind}", unit="doc", disable=not progress)
+        it = tqdm(read_source(src, f"corpus.sources[{si}]"), desc=f"read {src.kind}", unit="doc",
+                  disable=not progress)
         for di, doc in enumerate(it):
             if src.max_documents is not None and di >= src.max_documents:
                 break

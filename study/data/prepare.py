@@ -5,13 +5,22 @@ results/data/<data_hash>/
                     words the tokenizer never saw are measured honestly as pieces/[UNK])
   train.npz valid.npz test.npz   TokenizedSplit.save
   stats.json        documents/sentences/words/tokens per split and per source + corpus hash
-  manifest.json     bytes + sha256 of every other file; written LAST
+  manifest.json     bytes + sha256 of every other file, and the corpus fingerprint it was built
+                    from; written LAST
 
 The folder is built under a temp name (`atomic_dir`) while holding a `file_lock`, so two
 processes preparing the same data do not both build it: the second waits, then finds the
 finished folder and reuses it. A folder is only used when its manifest verifies (sizes and
 sha256): a truncated, corrupted or deleted file means a rebuild with a warning, never
 silently training on damaged data.
+
+The data hash covers the corpus contents once a config is resolved (corpus.fingerprint, filled by
+the spec loader, the search and the trainer's driver): an edited book is a new folder. The files are
+fingerprinted again here on every call, so that
+  - a resolved config whose sources changed since it was resolved is a StudyError (its hash names
+    data that no longer exists), and
+  - a config built in code without a fingerprint still never reuses a folder built from other
+    contents (the manifest records the fingerprint; a mismatch rebuilds).
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from study.config import RunConfig
+from study.data.corpus import fingerprint, with_fingerprint
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, file_lock, read_json, sha256_file
 from study.paths import Layout
@@ -33,7 +43,7 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 MANIFEST = "manifest.json"
-FORMAT = 1  # bump when the folder layout changes: old folders then fail verification and rebuild
+FORMAT = 2  # 2: the manifest records the corpus fingerprint. Bump when the folder layout changes: old folders then fail verification and rebuild
 # The reference evaluation needs validation text and the tokenizer needs training text; below
 # this many documents one of the two splits would be empty.
 MIN_DOCUMENTS = 2
@@ -58,20 +68,22 @@ class PreparedData:
 
 
 # --------------------------------------------------------------------------- manifest
-def _write_manifest(folder: Path, data_hash: str) -> None:
+def _write_manifest(folder: Path, data_hash: str, fingerprint: str) -> None:
     files = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
             rel = p.relative_to(folder).as_posix()
             files[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    atomic_write_json(folder / MANIFEST, {"format": FORMAT, "data_hash": data_hash, "files": files})
+    atomic_write_json(folder / MANIFEST, {"format": FORMAT, "data_hash": data_hash, "fingerprint": fingerprint,
+                                          "files": files})
 
 
 _REQUIRED = ("stats.json", "tokenizer/tokenizer.json", *(f"{s}.npz" for s in SPLITS))
 
 
-def verify(folder: Path, data_hash: str) -> str | None:
-    """None when the folder is complete and intact, else the reason it is not."""
+def verify(folder: Path, data_hash: str, fingerprint: str | None = None) -> str | None:
+    """None when the folder is complete and intact (and, given `fingerprint`, was built from corpus
+    files with that fingerprint), else the reason it is not."""
     folder = Path(folder)
     if not folder.exists():
         return "missing"
@@ -81,6 +93,8 @@ def verify(folder: Path, data_hash: str) -> str | None:
         return f"manifest unreadable ({type(e).__name__})"
     if man.get("format") != FORMAT or man.get("data_hash") != data_hash:
         return "manifest is for another format or data hash"
+    if fingerprint is not None and man.get("fingerprint") != fingerprint:
+        return f"built from other corpus contents (fingerprint {man.get('fingerprint')}, the sources now {fingerprint})"
     files = man.get("files", {})
     for req in _REQUIRED:
         if req not in files:
@@ -104,11 +118,15 @@ def _per_doc_tokens(split: TokenizedSplit) -> np.ndarray:
     return ss[ds[1:]] - ss[ds[:-1]]
 
 
-def _build(cfg: RunConfig, out: Path, progress: bool) -> None:
-    from study.data.corpus import load_corpus
+def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
+    """Build the folder for `cfg`'s data hash from sources whose fingerprint is `fp`."""
+    from study.data.corpus import load_corpus  # looked up per call: tests patch it to prove a cache hit reads nothing
     from study.data.tokenizer import tokenize_docs, train_tokenizer
 
     corpus = load_corpus(cfg.corpus, progress=progress)
+    if fingerprint(cfg.corpus) != fp:  # edited while being read: the text is neither the old nor the new one
+        raise StudyError("the corpus files changed while they were being read; run again", field="corpus.sources",
+                         allowed="sources that stay unchanged while the data is prepared")
     n_docs = len(corpus.train) + len(corpus.valid) + len(corpus.test)
     if n_docs < MIN_DOCUMENTS or not corpus.train or not corpus.valid:
         raise StudyError(
@@ -131,10 +149,10 @@ def _build(cfg: RunConfig, out: Path, progress: bool) -> None:
         np.add.at(source_tokens, np.asarray(corpus.origin[name], dtype=np.int64), _per_doc_tokens(sp))
     for src, n in zip(base["sources"], source_tokens):
         src["tokens"] = int(n)
-    stats = {"data_hash": cfg.data_hash(), "corpus_hash": corpus.content_hash(),
-             "vocab_size": len(tok), **base}
+    stats = {"data_hash": cfg.data_hash(), "fingerprint": fp,
+             "corpus_hash": corpus.content_hash(), "vocab_size": len(tok), **base}
     atomic_write_json(out / "stats.json", stats)
-    _write_manifest(out, cfg.data_hash())  # last: its presence + validity means "complete"
+    _write_manifest(out, cfg.data_hash(), fp)  # last: its presence + validity means "complete"
 
 
 def _load(cfg: RunConfig, folder: Path) -> PreparedData:
@@ -155,9 +173,11 @@ def _created_dirs(path: Path) -> list[Path]:
 
 
 def prepare_data(cfg: RunConfig, layout: Layout, progress: bool = True) -> PreparedData:
-    h = cfg.data_hash()
+    # Before anything is written: a missing source or sources changed under a resolved config are StudyErrors.
+    fp = with_fingerprint(cfg).corpus.fingerprint
+    h = cfg.data_hash()  # the caller's identity (unresolved configs keep theirs; the manifest guards them)
     final = layout.data_dir(h)
-    if verify(final, h) is None:  # fast path: no lock, no corpus read
+    if verify(final, h, fp) is None:  # fast path: no lock, no corpus read
         return _load(cfg, final)
     lock = final.with_name(f".{final.name}.lock")
     new_dirs = _created_dirs(lock.parent)
@@ -165,17 +185,17 @@ def prepare_data(cfg: RunConfig, layout: Layout, progress: bool = True) -> Prepa
         with file_lock(lock):
             try:
                 # another process may have finished while we waited for the lock
-                reason = verify(final, h)
+                reason = verify(final, h, fp)
                 if reason is None:
                     return _load(cfg, final)
                 if reason != "missing":
-                    log.warning("data cache %s is damaged (%s); rebuilding it", final, reason)
+                    log.warning("data cache %s is damaged or stale (%s); rebuilding it", final, reason)
                 # temp folders of builds that were killed (no atomic_dir cleanup on SIGKILL): while we
                 # hold the lock nobody else is building this hash, so they are all stale
                 for stale in final.parent.glob(f".{final.name}.*.tmp"):
                     shutil.rmtree(stale, ignore_errors=True)
                 with atomic_dir(final) as tmp:
-                    _build(cfg, tmp, progress)
+                    _build(cfg, fp, tmp, progress)
             finally:
                 # removed while still held: a waiter on this inode then finds the finished folder,
                 # a newcomer takes the fast path; nothing is left next to the data folders

@@ -22,14 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from study.config import RunConfig
+from study.config import CROSS_FIELD, SEEDS_ALLOWED, RunConfig, SeedList
+from study.data.corpus import with_fingerprint
+from study.downstream.tasks import get_task
 from study.errors import StudyError
+from study.metrics import parse_metric
 from study.paths import Layout
 from study.report import references
+from study.rundir import RunDir
 from study.studies.searchspec import SearchSpec
+from study.studies.specyaml import clip, read_yaml, short
 
 
 class ReportHints(BaseModel):
@@ -57,10 +61,10 @@ class SpecFile(BaseModel):
     factors: dict[str, list[Any]] = Field(default_factory=dict)
     design: Literal["grid", "one_at_a_time"] = "grid"
     runs: list[RunEntry] = Field(default_factory=list)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: SeedList = Field(default_factory=lambda: [0], min_length=1)  # distinct, 0 <= seed < 2**32
     profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     report: ReportHints = Field(default_factory=ReportHints)
-    search: SearchSpec | None = None  # an optuna search over spec keys (study/search/search.py)
+    search: SearchSpec | None = None  # an optuna search over spec keys (study/search/)
 
 
 @dataclass
@@ -75,14 +79,8 @@ class PlannedRun:
         return self.config.run_hash()
 
     def status(self, layout: Layout) -> str:
-        path = layout.run_dir(self.run_hash) / "status.json"
-        if not path.exists():
-            return "pending"
-        import json
-        try:
-            return json.loads(path.read_text())["status"]
-        except (ValueError, KeyError):
-            return "pending"
+        """pending | done | diverged | failed, read as study/rundir.py's policy says."""
+        return RunDir(layout, self.run_hash).status().status
 
 
 @dataclass
@@ -101,10 +99,9 @@ class Study:
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
-        from study.downstream.finetune import baseline_key  # lazy: spec parsing must not import torch
         runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
                  "status": p.status(layout),
-                 "baseline_key": baseline_key(p.config) if p.config.finetune.baseline else None}
+                 "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None}
                 for p in self.runs]
         return {"name": self.name, "question": self.spec.question, "kind": r.kind,
                 "primary_metric": r.primary_metric, "x": r.x, "hue": r.hue, "compare": r.compare,
@@ -113,8 +110,8 @@ class Study:
                 "runs": runs}
 
 
-# --------------------------------------------------------------------------- helpers
-def _known_keys() -> list[str]:
+# --------------------------------------------------------------------------- helpers (public: search uses them)
+def known_keys() -> list[str]:
     """Every dotted key a spec may set, e.g. 'masking.rate'."""
     keys = ["seed"]
     for section, info in RunConfig.model_fields.items():
@@ -124,15 +121,17 @@ def _known_keys() -> list[str]:
     return keys
 
 
-def _suggest(word: str, options: list[str]) -> str:
+def suggest(word: str, options: list[str]) -> str:
+    """'; did you mean X?' for the closest option, or '' when none is close."""
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _set_dotted(tree: dict, key: str, value: Any, source: str) -> None:
-    known = _known_keys()
+def set_dotted(tree: dict, key: str, value: Any, source: str) -> None:
+    """Set a dotted spec key (`masking.rate`) in a config tree; an unknown key is a StudyError."""
+    known = known_keys()
     if key not in known:
-        raise StudyError(f"unknown key{_suggest(key, known)}", field=key, source=source,
+        raise StudyError(f"unknown key{suggest(key, known)}", field=key, source=source,
                          allowed="dotted keys such as masking.rate, objective.sentence, model.layers")
     section, _, leaf = key.partition(".")
     if not leaf:
@@ -154,83 +153,143 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _pydantic_error(err: ValidationError, source: str, prefix: str = "") -> StudyError:
+def pydantic_error(err: ValidationError, source: str, prefix: str = "") -> StudyError:
+    """The first error of a pydantic validation as a StudyError naming the dotted field and what is allowed."""
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
-    loc = f"{prefix}{loc}" if prefix else loc
     msg, allowed = e["msg"], None
+    if e["type"] == CROSS_FIELD:  # a rule between fields (config.py) names the field it blames itself
+        loc, allowed = e["ctx"]["field"], e["ctx"]["allowed"]
+    loc = f"{prefix}{loc}" if prefix else loc
     if e["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
-        options = [k for k in _known_keys() if k.startswith(parent + ".")] if parent else \
+        options = [k for k in known_keys() if k.startswith(parent + ".")] if parent else \
             list(SpecFile.model_fields) + list(RunConfig.model_fields)
-        msg = f"unknown key{_suggest(loc, options)}"
+        msg = f"unknown key{suggest(loc, options)}"
         allowed = ", ".join(o.rsplit(".", 1)[-1] for o in options)
     elif e["type"] == "literal_error":
         allowed = e["ctx"]["expected"]
-        msg = f"got {e['input']!r}"
-    elif "ctx" in e and e["type"] in ("greater_than", "less_than", "greater_than_equal", "less_than_equal"):
-        msg = f"got {e['input']!r}: {msg}"
+        msg = f"got {short(e['input'])}"
+    elif "ctx" in e and e["type"] in _BOUNDS:
+        msg = f"got {short(e['input'])}: {msg}"
+        allowed = " ".join(f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX if c in e["ctx"])
+    elif e["type"] not in (CROSS_FIELD, "missing") and "input" in e and not isinstance(e["input"], dict):
+        msg = f"got {short(e['input'])}: {msg}"  # bounded: the input may be a whole (aliased) subtree
+    if set(str(p) for p in e["loc"]) & _SEED_FIELDS:
+        allowed = SEEDS_ALLOWED
     return StudyError(msg, field=loc or None, allowed=allowed, source=source)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load keeps the last of two equal keys silently; a spec with the same factor twice is a mistake."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+_BOUND_CTX = (("greater_than", "gt"), ("greater_than_equal", "ge"), ("less_than", "lt"), ("less_than_equal", "le"))
+_SEED_FIELDS = {"seed", "seeds", "split_seed", "best_seeds"}
 
 
-def _read_yaml(path: Path) -> dict:
-    if not path.exists():
-        raise StudyError("spec file does not exist", source=str(path))
+def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source: str) -> RunConfig:
+    """The RunConfig of one run: the resolved `defaults` with the dotted `settings` set and `seed`.
+
+    The one construction of a run from a spec: `load_study` builds every planned run with it and a
+    search trial too (study/search/objective.py), so a trial with a grid run's values is that run.
+    An unknown key or an invalid value is a StudyError naming the dotted field and `source`.
+    """
+    tree = copy.deepcopy(defaults)
+    for key, value in settings.items():
+        set_dotted(tree, key, value, source)
+    tree["seed"] = seed
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise StudyError(f"YAML syntax error{where}: {getattr(exc, 'problem', exc)}", source=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise StudyError(f"not UTF-8 ({exc.reason} at byte {exc.start})", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise StudyError("a spec must be a YAML mapping with at least `name`", source=str(path))
-    return data
+        cfg = RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise pydantic_error(err, source) from None
+    return with_fingerprint(cfg, source)  # the corpus contents enter the run hash; a missing source fails here
+
+
+# Keys a spec may not set: resolved from the files when runs are built (study/config.py says why).
+RESOLVED_KEYS = ("corpus.fingerprint",)
+
+
+def _reject_resolved_keys(spec: SpecFile, source: str) -> None:
+    """A fingerprint written by hand would name data the files may not hold: refuse it wherever a spec
+    can set a key (defaults, profiles, factors, runs, search parameters)."""
+    where: list[tuple[str, dict]] = [("defaults.", {f"{sec}.{k}": v for sec, d in spec.defaults.items()
+                                                     if isinstance(d, dict) for k, v in d.items()}),
+                                     ("factors.", spec.factors)]
+    where += [(f"profiles.{name}.", keys) for name, keys in spec.profiles.items()]
+    where += [(f"runs[{i}].set.", run.set) for i, run in enumerate(spec.runs)]
+    if spec.search is not None:
+        where.append(("search.params.", spec.search.params))
+    for prefix, keys in where:
+        for key in RESOLVED_KEYS:
+            if key in keys:
+                raise StudyError("is computed from the corpus files when the runs are built, never written in a "
+                                 "spec", field=prefix + key, source=source,
+                                 allowed="corpus.sources and the other corpus keys; remove this one")
+
+
+def _base_file(path: Path, spec: SpecFile) -> Path:
+    """Where `base` points: a .yaml file, relative to the spec's folder. Checked before it is read."""
+    src = str(path)
+    if not spec.base or not spec.base.strip():
+        raise StudyError("is empty", field="base", source=src, allowed="a spec file path relative to this spec")
+    base = path.parent / spec.base
+    if base.suffix not in (".yaml", ".yml"):
+        raise StudyError(f"'{spec.base}' is not a spec file", field="base", source=src,
+                         allowed="a .yaml / .yml spec file, relative to this spec's folder")
+    if not base.exists():
+        raise StudyError(f"base spec '{spec.base}' does not exist (looked at {base})", field="base", source=src,
+                         allowed="an existing .yaml spec file, relative to this spec's folder")
+    if not base.is_file():
+        raise StudyError(f"'{spec.base}' is not a file ({base})", field="base", source=src,
+                         allowed="a .yaml spec file, relative to this spec's folder")
+    return base
 
 
 def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFile, dict]:
     """Read a spec and fold its `base` chain into one defaults tree (cycles rejected).
 
     Profiles are inherited too: a base's `cpu` profile applies unless the spec redefines keys of it.
-    The returned SpecFile carries the merged profiles."""
-    path = path.resolve()
+    The returned SpecFile carries the merged profiles. An error inside a base names the base file and
+    its field, and says which spec's `base` led there."""
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        raise StudyError(f"cannot resolve the path ({exc})", source=str(path)) from None
     if path in chain:
         cycle = " -> ".join(p.name for p in (*chain, path))
         raise StudyError(f"cycle of bases: {cycle}", field="base", source=str(chain[0]))
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     try:
         spec = SpecFile.model_validate(raw)
     except ValidationError as err:
-        raise _pydantic_error(err, str(path)) from None
+        raise pydantic_error(err, str(path)) from None
+    _reject_resolved_keys(spec, str(path))
     defaults: dict = {}
     profiles: dict = {}
-    if spec.base:
-        base_path = (path.parent / spec.base)
-        if not base_path.exists():
-            raise StudyError(f"base spec '{spec.base}' does not exist (looked at {base_path})",
-                             field="base", source=str(path))
-        base_spec, defaults = _resolve_defaults(base_path, (*chain, path))
+    if spec.base is not None:
+        base_path = _base_file(path, spec)
+        try:
+            base_spec, defaults = _resolve_defaults(base_path, (*chain, path))
+        except StudyError as exc:
+            if exc.source == str(base_path.resolve()) and exc.field is None:  # the file is not a spec at all
+                raise StudyError(f"'{spec.base}' is not a readable spec: {exc.message}", field="base",
+                                 source=str(path), allowed="a spec YAML mapping with at least `name`") from None
+            if exc.field == "base" and exc.message.startswith("cycle of bases"):
+                raise
+            raise StudyError(f"{exc.message} (in the base of {path})", field=exc.field, allowed=exc.allowed,
+                             source=exc.source) from None
         profiles = copy.deepcopy(base_spec.profiles)
-    for section in spec.defaults:
+    for section, keys in spec.defaults.items():
         if section not in RunConfig.model_fields:
-            raise StudyError(f"unknown section{_suggest(section, list(RunConfig.model_fields))}",
-                             field=f"defaults.{section}", source=str(path),
+            raise StudyError(f"unknown section{suggest(str(section), list(RunConfig.model_fields))}",
+                             field=f"defaults.{clip(str(section))}", source=str(path),
                              allowed=", ".join(RunConfig.model_fields))
+        # unknown keys here, so that a typo in a base names the base file (values are checked per run)
+        model = RunConfig.model_fields[section].annotation
+        if isinstance(keys, dict) and isinstance(model, type) and issubclass(model, BaseModel):
+            for key in keys:
+                if key not in model.model_fields:
+                    raise StudyError(f"unknown key{suggest(f'{section}.{key}', known_keys())}",
+                                     field=f"defaults.{section}.{clip(str(key))}", source=str(path),
+                                     allowed=", ".join(model.model_fields))
     for name, settings in spec.profiles.items():
         profiles[name] = {**profiles.get(name, {}), **settings}
     spec.profiles = profiles
@@ -267,6 +326,75 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     return points
 
 
+def _same_level(a: Any, b: Any) -> bool:
+    """Level equality across the YAML -> JSON -> CSV round trip: 2 == 2.0, but 'nsp' != 'none'."""
+    numeric = (int, float)
+    if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
+        return float(a) == float(b)
+    return type(a) is type(b) and a == b
+
+
+def check_report_hints(study: Study) -> None:
+    """report.x, hue, compare and primary_metric checked against what the study's runs will produce.
+
+    The aggregate (study/report/aggregate.py `collect`) makes one column per factor key, i.e. every
+    dotted key a design point sets, next to `label`; the figures draw against `x` among those columns
+    (a search also against its searched keys), and `compare` pairs level `a` with level `b` of one
+    column by pre-training seed. Checked here, a typo costs a second instead of a whole study: the
+    aggregate would only find it after every run and fine-tuning, and stop with partial tables.
+    """
+    hints, source = study.spec.report, str(study.path)
+    levels: dict[str, list[Any]] = {"label": []}
+    for run in study.runs:
+        for key, value in (("label", run.label), *run.factors.items()):
+            if not any(_same_level(value, seen) for seen in levels.setdefault(key, [])):
+                levels[key].append(value)
+    columns = sorted(k for k in levels if k != "label") + ["label"]
+    searched = list(study.spec.search.params) if study.spec.search is not None else []
+    for name in ("x", "hue"):
+        value = getattr(hints, name)
+        if value is not None and value not in columns + searched:
+            raise StudyError(f"'{short(value, 60)}' is not a factor of this study{suggest(value, columns + searched)}",
+                             field=f"report.{name}", source=source, allowed=", ".join(columns + searched))
+    if hints.compare is not None:
+        _check_compare(hints.compare, levels, columns, source)
+    tasks: dict[str, tuple[str, ...]] = {}
+    for run in study.runs:
+        tasks.update({t: get_task(t).metrics for t in run.config.finetune.tasks})
+    metric = parse_metric(hints.primary_metric, field="report.primary_metric", source=source, tasks=tasks)
+    if metric.name == "sentence_acc" and all(r.config.objective.sentence == "none" for r in study.runs):
+        raise StudyError("no run has a sentence task (objective.sentence is none everywhere)",
+                         field="report.primary_metric", source=source,
+                         allowed="ref_ppl, ref_mlm_loss, ref_mlm_acc or a downstream TASK/MODE/METRIC")
+    if metric.mode == "probe" and not any(r.config.finetune.probe for r in study.runs):
+        raise StudyError(f"'{hints.primary_metric}' is a probe score but finetune.probe is false in every run",
+                         field="report.primary_metric", source=source,
+                         allowed=f"{metric.task}/finetune/{metric.name}, or set finetune.probe: true")
+
+
+def _check_compare(compare: dict[str, Any], levels: dict[str, list[Any]], columns: list[str], source: str) -> None:
+    for key in compare:
+        if key not in ("factor", "a", "b"):
+            raise StudyError(f"unknown key{suggest(str(key), ['factor', 'a', 'b'])}",
+                             field=f"report.compare.{clip(str(key))}", source=source, allowed="factor, a, b")
+    for key in ("factor", "a", "b"):
+        if key not in compare:
+            raise StudyError("missing: compare needs a factor and two of its levels", field=f"report.compare.{key}",
+                             source=source, allowed="{factor: KEY, a: LEVEL, b: LEVEL}")
+    factor = compare["factor"]
+    if not isinstance(factor, str) or factor not in columns:
+        raise StudyError(f"{short(factor, 60)} is not a factor of this study{suggest(str(factor), columns)}",
+                         field="report.compare.factor", source=source, allowed=", ".join(columns))
+    shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (" ..." if len(levels[factor]) > 20 else "")
+    for key in ("a", "b"):
+        if not any(_same_level(compare[key], v) for v in levels[factor]):
+            raise StudyError(f"{short(compare[key], 60)} is not a level of {factor}", field=f"report.compare.{key}",
+                             source=source, allowed=shown)
+    if _same_level(compare["a"], compare["b"]):
+        raise StudyError("a and b are the same level: the paired difference would be zero by construction",
+                         field="report.compare.b", source=source, allowed=f"a level of {factor} other than a")
+
+
 def load_study(path: str | Path, profile: str | None = None) -> Study:
     """Parse, resolve and validate a spec; every run's config is checked here, before any work."""
     path = Path(path)
@@ -277,25 +405,20 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
             raise StudyError(f"unknown profile '{profile}'", field="profiles", source=source,
                              allowed=", ".join(spec.profiles) or "(this spec defines none)")
         for key, value in spec.profiles[profile].items():
-            _set_dotted(defaults, key, value, source)
+            set_dotted(defaults, key, value, source)
     known_refs = references.available()
     for ref in spec.report.references:
         if ref not in known_refs:
-            raise StudyError(f"unknown paper reference {ref!r}{_suggest(ref, known_refs)}",
+            raise StudyError(f"unknown paper reference {ref!r}{suggest(ref, known_refs)}",
                              field="report.references", source=source, allowed=", ".join(known_refs))
     study = Study(path=path, spec=spec, defaults=defaults, profile=profile)
     seen: dict[str, str] = {}
     for label, setting in _design_points(spec, source):
         for seed in spec.seeds:
-            tree = copy.deepcopy(defaults)
-            for key, value in setting.items():
-                _set_dotted(tree, key, value, source)
-            tree["seed"] = seed
             try:
-                cfg = RunConfig.model_validate(tree)
-            except ValidationError as err:
+                cfg = build_run_config(defaults, setting, seed, source)
+            except StudyError as exc:
                 where = f"run '{label}'" if setting else "defaults"
-                exc = _pydantic_error(err, source)
                 raise StudyError(f"{exc} (in {where})") from None
             run = PlannedRun(label=label, seed=seed, factors=setting, config=cfg)
             if run.run_hash in seen and spec.design == "one_at_a_time" and not spec.runs:
@@ -305,4 +428,5 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
                                  field="factors", source=source)
             seen[run.run_hash] = label
             study.runs.append(run)
+    check_report_hints(study)
     return study
