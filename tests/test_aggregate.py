@@ -1,27 +1,25 @@
-"""Aggregation statistics: bootstrap CI against scipy, paired comparison wording, tidy table from run folders."""
+"""Aggregation: the statistics wired into the tables (one rule, Holm, MDE), wording, tidy table from run folders.
+
+The statistics themselves are checked against scipy in tests/test_stats.py."""
 import json
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from study.report.aggregate import NOISE_WORDS, aggregate_study, bootstrap_ci, interpret
+from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, interpret
 from study.paths import Layout
 
 
-def test_bootstrap_matches_scipy():
-    x = np.array([1.0, 2.0, 4.0, 3.0, 2.5, 3.5])
-    lo, hi = bootstrap_ci(x, n_resamples=10_000, seed=0)
-    ref = stats.bootstrap((x,), np.mean, method="percentile", n_resamples=10_000,
-                          random_state=np.random.default_rng(0)).confidence_interval
-    assert lo == pytest.approx(ref.low, abs=0.1) and hi == pytest.approx(ref.high, abs=0.1)
-
-
 def test_wording():
-    assert NOISE_WORDS in interpret(-0.1, 0.3, 3, 0.4)
-    assert NOISE_WORDS in interpret(0.1, 0.3, 3, 0.09)  # CI excludes 0 but the test disagrees
-    assert interpret(0.1, 0.3, 5, 0.01, "nsp", "none").startswith("none higher than nsp")
-    assert interpret(0.0, 0.0, 3, float("nan")) == "equal in every seed (n=3)"  # not "noise"
+    """One rule: the words follow the deciding p, never a second criterion; n<3 gets no direction."""
+    assert NOISE_WORDS in interpret(3, -0.1, 0.3, 0.4)
+    assert interpret(5, 0.1, 0.3, 0.01, "nsp", "none").startswith("none higher than nsp")
+    assert interpret(5, -0.3, -0.1, 0.01, "nsp", "none").startswith("none lower than nsp")
+    assert interpret(3, 0.0, 0.0, 1.0) == "equal in every seed (n=3)"  # not "noise"
+    # the smoke report's n=2 "interval excluding 0 read as noise": now no interval and no direction
+    assert interpret(2, -0.081, -0.001, 0.04) == f"n=2: {TOO_FEW_WORDS}"
+    assert interpret(2, float("nan"), float("nan"), float("nan")) == f"n=2: {TOO_FEW_WORDS}"
 
 
 def _fake_run(layout, h, sentence, seed, ppl, acc):
@@ -60,15 +58,46 @@ def test_aggregate_from_run_folders(tmp_path):
     assert ppl["diff"] == pytest.approx(10.0)
 
 
-def test_bootstrap_diff_matches_scipy_two_sample():
-    from study.report.aggregate import bootstrap_diff_ci
-    a = np.array([0.71, 0.73, 0.70, 0.74, 0.72])
-    b = np.array([0.50, 0.52, 0.49, 0.51])
-    lo, hi = bootstrap_diff_ci(a, b)
-    ref = stats.bootstrap((a, b), lambda x, y, axis=-1: x.mean(axis) - y.mean(axis), method="percentile",
-                          n_resamples=10_000, random_state=np.random.default_rng(0)).confidence_interval
-    assert lo == pytest.approx(ref.low, abs=0.005) and hi == pytest.approx(ref.high, abs=0.005)
-    assert all(np.isnan(bootstrap_diff_ci([1.0], b)))  # one value: no CI rather than a zero-width one
+def test_comparisons_one_rule_holm_and_primary(tmp_path):
+    """comparisons.csv: the primary row is uncorrected at 95% and marked; the other non-cost rows are one
+    Holm family whose interval level matches the adjusted p (interval excludes 0 <=> p_adjusted < 0.05);
+    cost rows are descriptive; every row carries the MDE from its own SD of differences."""
+    from scipy import stats
+    from study.report import stats as S
+    import sys
+    from pathlib import Path
+    import pandas as pd
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    _, _, out = rf.build(tmp_path, "nsp", failures=False)
+    c = pd.read_csv(out / "comparisons.csv")
+    prim = c[c["primary"]]
+    assert len(prim) == 1 and tuple(prim.iloc[0][["task", "mode", "metric"]]) == ("SST-2", "finetune", "accuracy")
+    r = prim.iloc[0]
+    assert r["correction"] == "none (primary)" and r["ci_level"] == 0.95 and r["p_adjusted"] == r["p_value"]
+    cost = c[c["metric"].isin(["tokens_per_s", "params", "tokens_seen", "mfu", "wall_s"])]
+    assert len(cost) and (cost["correction"] == "none (cost metric)").all()
+    fam = c[c["correction"].str.startswith("Holm")]
+    m = len(fam)
+    assert m == len(c) - 1 - len(cost) and (fam["correction"] == f"Holm over {m}").all()
+    assert np.allclose(fam["p_adjusted"], S.holm(fam["p_value"]))
+    assert np.allclose(1 - fam["ci_level"], S.holm_levels(fam["p_value"]))
+    tested = c[np.isfinite(c["p_value"]) & (c["ci_low"] != c["ci_high"])]
+    excl = (tested["ci_low"] > 0) | (tested["ci_high"] < 0)
+    assert (excl == (tested["p_adjusted"] < 0.05)).all()
+    assert (tested["interpretation"].str.contains("beyond seed noise") == excl).all()
+    # the primary row's interval is scipy's t-interval on the per-seed paired differences
+    tidy = pd.read_csv(out / "results.csv")
+    sel = tidy[(tidy["task"] == "SST-2") & (tidy["mode"] == "finetune") & (tidy["metric"] == "accuracy")
+              & (tidy["init"] == "pretrained")]
+    per = sel.groupby(["objective.sentence", "pretrain_seed"])["value"].mean()
+    d = (per["none"] - per["nsp"]).to_numpy()
+    lo, hi = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((lo, hi))
+    assert r["p_value"] == pytest.approx(stats.ttest_rel(per["none"], per["nsp"]).pvalue)
+    assert r["sd_diff"] == pytest.approx(d.std(ddof=1)) and r["mde"] == pytest.approx(S.mde(d.std(ddof=1), 3))
+    st = json.loads((out / "study.json").read_text())["statistics"]
+    assert st["family"] == m and st["primary"]["n"] == 3 and st["primary"]["mde"] == pytest.approx(r["mde"])
 
 
 def test_random_baseline_counted_once_and_baseline_gain(tmp_path):
@@ -92,6 +121,8 @@ def test_random_baseline_counted_once_and_baseline_gain(tmp_path):
                & (summ["objective.sentence"] == "none")]["mean"].iloc[0]
     assert row["diff"] == pytest.approx(pre - raw["value"].mean())
     assert row["ci_low"] < row["diff"] < row["ci_high"] and row["n_random"] == 3 and row["n_pretrained"] == 3
+    # Welch interval and test, Holm across the baseline table (no compare-less primary in an nsp study)
+    assert (base["test"] == "Welch t-test").all() and base["correction"].str.startswith("Holm").all()
     # Cost metrics ride along as tidy rows; study.json carries the run configs and factor keys.
     assert {"params", "tokens_per_s", "tokens_seen"} <= set(tidy[tidy["task"] == "pretrain"]["metric"])
     study = json.loads((out / "study.json").read_text())
@@ -119,7 +150,9 @@ def test_one_random_baseline_per_seed_is_the_unit(tmp_path):
     rnd = tidy[tidy["init"] == "random"].drop_duplicates(["source_key", "finetune_seed"])
     per_baseline = rnd.groupby("source_key")["value"].mean()
     assert base["mean_random"].iloc[0] == pytest.approx(per_baseline.mean())
-    assert np.isfinite(base["p_value"].iloc[0])  # Welch t-test beside the bootstrap CI
+    # two baselines against two pre-training seeds: too few for an interval, so no test and no direction
+    assert np.isnan(base["p_value"].iloc[0]) and np.isnan(base["ci_low"].iloc[0])
+    assert base["interpretation"].iloc[0].startswith("too few seeds for an interval (n=2 pre-trained, 2 random")
 
 
 def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
@@ -134,6 +167,10 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
     runs = [rf._run(layout, "r0", "pretrained", 0, {}, ppl=100.0, acc=0.7, rng=np.random.default_rng(2),
                     tasks=("SST-2",))]
+    # a third fine-tune seed for the pre-trained model: an interval needs 3 units a side
+    rf._w(layout.finetune_dir("r0") / "SST-2" / "ft" / "finetune-seed2.json",
+          {"run_key": "r0", "task": "SST-2", "mode": "finetune", "init": "pretrained", "seed": 2,
+           "metrics": {"accuracy": 0.70}, "primary_metric": "accuracy", "primary": 0.70})
     for key, init, v, seeds in (("r0", "pretrained", 0.65, (0, 1)), ("random-base", "random", 0.55, (0, 1, 2))):
         for fs in seeds:  # a probe that ignores its seed: the same score every time
             rf._w(layout.finetune_dir(key) / "SST-2" / "ft" / f"probe-seed{fs}.json",
@@ -142,12 +179,12 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     plan = {"name": "t", "runs": runs, "finetune_hash": "ft", "compare": None, "primary_metric": "ref_ppl"}
     base = pd.read_csv(aggregate_study(plan, layout) / "baseline.csv")
     row = base[base["mode"] == "finetune"].iloc[0]
-    assert row["n_pretrained"] == 2 and row["n_random"] == 3  # 2 fine-tune seeds vs 3 baseline seeds
+    assert row["n_pretrained"] == 3 and row["n_random"] == 3  # 3 fine-tune seeds vs 3 baseline seeds
     assert row["ci_low"] > 0 and "fine-tuning seeds of one pre-trained model" in row["interpretation"]
     assert "raises it beyond seed noise" in row["interpretation"]
     # the probe ignores its seed here (identical scores): one measurement per side, so no CI
     probe = base[base["mode"] == "probe"].iloc[0]
-    assert probe["n_pretrained"] == 1 and probe["n_random"] == 1 and "not enough seeds" in probe["interpretation"]
+    assert probe["n_pretrained"] == 1 and probe["n_random"] == 1 and TOO_FEW_WORDS in probe["interpretation"]
     # with one design point, the report's one-sentence answer is that comparison
     from study.report.render import answer_sentence, load_study_dir
     plan["primary_metric"] = "SST-2/finetune/accuracy"

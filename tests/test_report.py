@@ -270,7 +270,40 @@ def test_degrades_gracefully_without_finished_runs(tmp_path):
 def test_single_seed_has_no_ci_and_says_so(rendered):
     """With one seed per level there is no CI; the report prints that instead of a fake interval."""
     _, html, _ = rendered("nsp", seeds=(0,), failures=False)
-    assert "not enough seeds for a CI" in html and "no CI (n&lt;2)" in html
+    assert "too few seeds for an interval" in html and "no interval (n&lt;3)" in html
+
+
+def test_two_seeds_give_no_interval_and_no_direction(rendered):
+    """n=2 (the smoke study): no interval, no test, no direction in the headline, whatever the point
+    estimate; the MDE sentence says there is none at this n."""
+    _, html, study_dir = rendered("nsp", seeds=(0, 1), failures=False)
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    assert answer == ("none minus nsp (objective.sentence) on SST-2 finetune accuracy: n=2: too few seeds for an "
+                      "interval (3 needed), so no direction is claimed.")
+    assert "higher" not in answer and "lower" not in answer and "CI" not in answer
+    c = pd.read_csv(study_dir / "comparisons.csv")
+    assert c["p_value"].isna().all() and c["ci_low"].isna().all()
+    assert (c["interpretation"] == "n=2: too few seeds for an interval").all()
+    methods = re.search(r'id="methods">([^<]+)<', html).group(1)
+    assert "With n=2 seeds the primary comparison has no minimum detectable effect" in methods
+
+
+def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
+    """One methods sentence: the one rule, Holm over the secondary comparisons, the bootstrap threshold,
+    and the MDE from the primary comparison's measured SD; the primary row is marked in the table."""
+    _, html, study_dir = rendered("nsp", evil=True)
+    methods = re.search(r'id="methods">([^<]+)<', html).group(1).replace("&lt;", "<").replace("&#39;", "'")
+    st = json.loads((study_dir / "study.json").read_text())["statistics"]
+    pr = st["primary"]
+    assert "interval excludes 0, which is exactly when its two-sided t-test gives p < 0.05" in methods
+    assert f"the other {st['family']} paired comparisons (cost metrics excluded) are Holm-corrected" in methods
+    assert f"only from n={st['bootstrap_min_n']}" in methods and st["bootstrap_min_n"] == 50
+    assert (f"With n=3 seeds and SD {100 * pr['sd_diff']:.1f} pp of the paired differences, this study could "
+            f"detect differences of ≥ {100 * pr['mde']:.1f} pp at 80% power") in methods
+    comp = html.split('id="comparisons"')[1].split("<h2")[0]
+    primary_rows = re.findall(r'<tr class="primary"><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>', comp)
+    assert primary_rows == [("SST-2", "finetune", "accuracy")] and "none (primary)" in comp
+    assert f"Holm over {st['family']}" in comp
 
 
 def test_every_figure_degrades_on_empty_or_odd_data(tmp_path):

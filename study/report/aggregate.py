@@ -4,72 +4,66 @@ Built ONLY from files on disk plus the plan dict, so a report can be regenerated
 without any training code. Outputs go to layout.study_dir(plan["name"]):
 results.parquet/.csv (tidy), runs.csv, summary.csv, comparisons.csv, baseline.csv, curves.csv, study.json.
 
-Confidence intervals: percentile bootstrap over seeds, 10,000 resamples, numpy
-Generator seeded from BOOTSTRAP_SEED. Paired test: scipy.stats.ttest_rel.
+Intervals, tests, the Holm correction and the minimum detectable effect come from
+study.report.stats (docs/STATISTICS.md): one rule, an interval excludes 0 exactly when its test decides.
 """
 from __future__ import annotations
 
 import io as _io
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from study.errors import StudyError
 from study.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from study.metrics import COST_METRICS, PRETRAIN, PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
+from study.rundir import RunDir
+from study.report import stats as S
 
-N_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
-CI_LEVEL = 0.95
 NOISE_WORDS = "indistinguishable from noise"
-PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
-# Cost metrics ride along as tidy rows too, so the depth figure gets seed CIs for them.
-COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
+TOO_FEW_WORDS = "too few seeds for an interval"
 
 
-def bootstrap_ci(values, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                 level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean; (nan, nan) for fewer than 2 values."""
-    x = np.asarray(values, dtype=float)
-    if x.size < 2:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
-    a = (1 - level) / 2
-    return (float(np.quantile(means, a)), float(np.quantile(means, 1 - a)))
-
-
-def bootstrap_diff_ci(a, b, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                      level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap CI of mean(a) - mean(b) for two UNPAIRED samples (each resampled alone)."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if x.size < 2 or y.size < 2:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    dx = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
-    dy = y[rng.integers(0, y.size, size=(n_resamples, y.size))].mean(axis=1)
-    a_ = (1 - level) / 2
-    return (float(np.quantile(dx - dy, a_)), float(np.quantile(dx - dy, 1 - a_)))
-
-
-def interpret(lo: float, hi: float, n: int, p: float = float("nan"), a: str = "a", b: str = "b") -> str:
-    """Words for a paired difference b - a.
-
-    A difference counts as real only when the bootstrap CI excludes zero AND the paired
-    t-test agrees (p < 0.05): with 3 seeds a percentile bootstrap alone is overconfident.
-    """
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"not enough seeds for a CI (n={n})"
+def interpret(n: int, lo: float, hi: float, p_decide: float, a: str = "a", b: str = "b") -> str:
+    """Words for a paired difference b - a under the one rule (study.report.stats): beyond seed noise
+    exactly when `p_decide` (Holm-adjusted, or raw for the primary comparison) < ALPHA, which is
+    exactly when the interval [lo, hi] drawn at the matching level excludes 0."""
+    if n < S.MIN_N or not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"n={n}: {TOO_FEW_WORDS}"
     if lo == hi == 0:  # e.g. the parameter count of two arms that differ only in masking
         return f"equal in every seed (n={n})"
-    if lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):
+    if not p_decide < S.ALPHA:
         return f"{NOISE_WORDS} at n={n} seeds"
     return f"{b} {'higher' if lo > 0 else 'lower'} than {a} beyond seed noise at n={n} seeds"
+
+
+def primary_key(plan: dict) -> tuple[str, str, str]:
+    """(task, mode, metric) of the study's primary metric: the comparison that stays uncorrected."""
+    return tuple(parse_metric(plan.get("primary_metric"), field="report.primary_metric"))  # type: ignore[return-value]
+
+
+def holm_family(keys: list[tuple], ps: list[float], primary: tuple | None) -> list[dict]:
+    """Per row: the p that decides, the interval level that matches it, and the correction's name.
+
+    The family is every row with a test (finite p) except the primary one and cost metrics (speed
+    and size are descriptive, not hypotheses); those keep ALPHA and their raw p."""
+    fam = [i for i, (k, p) in enumerate(zip(keys, ps)) if np.isfinite(p) and k != primary and k[2] not in COST_METRICS]
+    adj, lev = S.holm([ps[i] for i in fam]), S.holm_levels([ps[i] for i in fam])
+    out = []
+    for i, (k, p) in enumerate(zip(keys, ps)):
+        if i in fam:
+            j = fam.index(i)
+            out.append({"p_adjusted": float(adj[j]), "alpha": float(lev[j]), "primary": False,
+                        "correction": f"Holm over {len(fam)}"})
+        else:
+            why = ("none (primary)" if k == primary else "none (cost metric)" if k[2] in COST_METRICS
+                   else f"none (n<{S.MIN_N})")
+            out.append({"p_adjusted": p, "alpha": S.ALPHA, "primary": k == primary, "correction": why})
+    return out
 
 
 def learned_beyond_mode(acc: Any, floor: Any, n: Any) -> bool | None:
@@ -83,20 +77,6 @@ def learned_beyond_mode(acc: Any, floor: Any, n: Any) -> bool | None:
     return bool(acc - floor > 3 * math.sqrt(floor * (1 - floor) / n))
 
 
-def _read_history(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _run_status(run_dir: Path) -> tuple[str, str | None, int | None]:
-    # A folder without status.json is not complete, whatever else it holds.
-    if not (run_dir / "status.json").exists():
-        return "pending", None, None
-    s = read_json(run_dir / "status.json")
-    return s["status"], s.get("error"), s.get("step")
-
-
 def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
     """Read every run of the plan into tidy/runs/curves frames."""
     for key in ("name", "runs", "finetune_hash"):
@@ -105,10 +85,11 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
     factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
     tidy, runs, curves = [], [], []
     for r in plan["runs"]:
-        rd = layout.run_dir(r["run_hash"])
-        status, error, step = _run_status(rd)
-        meta = read_json(rd / "meta.json") if (rd / "meta.json").exists() else {}
-        metrics = read_json(rd / "metrics.json") if (rd / "metrics.json").exists() else {}
+        # Run folders are read with study/rundir.py's one error policy (a damaged status.json is "pending").
+        rd = RunDir(layout, r["run_hash"])
+        st = rd.status()
+        status, error, step = st.status, st.error, st.step
+        meta, metrics = rd.meta(), rd.metrics()
         base = {"run_hash": r["run_hash"], "source_key": r["run_hash"], "label": r["label"], "status": status,
                 "pretrain_seed": r["seed"], **{k: r.get("factors", {}).get(k) for k in factor_keys}}
         runs.append({"run_hash": r["run_hash"], "label": r["label"], "status": status, "error": error,
@@ -123,12 +104,11 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         if status == "done":
             for m in (*PRETRAIN_METRICS, *COST_METRICS):
                 if isinstance(metrics.get(m), (int, float)) and not isinstance(metrics.get(m), bool):
-                    tidy.append({**base, "finetune_seed": None, "task": "pretrain", "mode": "pretrain",
+                    tidy.append({**base, "finetune_seed": None, "task": PRETRAIN, "mode": PRETRAIN,
                                  "init": "pretrained", "metric": m, "value": float(metrics[m])})
-        for ev in _read_history(rd / "history.jsonl"):
-            if "loss" in ev and "eval" not in ev:
-                curves.append({"run_hash": r["run_hash"], "label": r["label"], "step": ev["step"],
-                               "tokens": ev.get("tokens"), "loss": ev["loss"]})
+        for ev in rd.loss_curve():
+            curves.append({"run_hash": r["run_hash"], "label": r["label"], "step": ev["step"],
+                           "tokens": ev.get("tokens"), "loss": ev["loss"]})
         keys = [(r["run_hash"], "pretrained")]
         if r.get("baseline_key"):
             keys.append((r["baseline_key"], "random"))
@@ -194,40 +174,65 @@ def _units(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
+    """Mean and 95% interval per task/mode/init/metric and factor level, one value per unit."""
     by = ["task", "mode", "init", "metric", *factor_keys]
-    rows = []
+    cols = [*by, "mean", "std", "n", "ci_low", "ci_high", "ci_method"]
     if tidy.empty:
-        return pd.DataFrame(columns=[*by, "mean", "std", "n", "ci_low", "ci_high", "ci_method"])
+        return pd.DataFrame(columns=cols)
+    rows = []
     for key, g in _units(tidy, by).groupby(by, dropna=False):
-        lo, hi = bootstrap_ci(g["value"])
+        iv = S.mean_interval(g["value"])
         rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
-                     "n": len(g), "ci_low": lo, "ci_high": hi, "ci_method": "percentile bootstrap, 10k"})
-    return pd.DataFrame(rows)
+                     "n": len(g), "ci_low": iv.low, "ci_high": iv.high, "ci_method": iv.method})
+    return pd.DataFrame(rows, columns=cols)
 
 
-def compare(tidy: pd.DataFrame, spec: dict) -> pd.DataFrame:
-    """Paired difference b - a per task/mode/metric, paired by pre-training seed."""
+COMPARE_COLS = ["task", "mode", "metric", "a", "b", "mean_a", "mean_b", "diff", "sd_diff", "ci_low", "ci_high",
+                "ci_level", "ci_method", "n", "p_value", "p_adjusted", "correction", "primary", "mde", "test",
+                "interpretation"]
+
+
+def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.DataFrame:
+    """Paired difference b - a per task/mode/metric, paired by pre-training seed.
+
+    `primary` (task, mode, metric) is the study's headline: tested at ALPHA alone. Every other
+    non-cost row is in one Holm family; its interval is drawn at the level Holm tests it at, so it
+    excludes 0 exactly when p_adjusted < ALPHA. `mde`: the smallest difference a paired t-test at
+    ALPHA detects with 80% power at this n, from this row's SD of the differences."""
     fac = spec["factor"]
     if fac not in tidy.columns:
         raise StudyError(f"factor {fac!r} is not a factor of any run", field="compare.factor",
                          allowed=", ".join(c for c in tidy.columns if "." in c) or "none")
     t = tidy[tidy["init"] == "pretrained"]
     per = _per_seed(t, ["task", "mode", "metric", fac])
-    rows = []
+    pairs = []
     for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
         a = g[g[fac].astype(str) == str(spec["a"])].set_index("pretrain_seed")["value"]
         b = g[g[fac].astype(str) == str(spec["b"])].set_index("pretrain_seed")["value"]
         seeds = sorted(set(a.index) & set(b.index))
-        if not seeds:
-            continue
-        d = (b[seeds] - a[seeds]).to_numpy()
-        lo, hi = bootstrap_ci(d)
-        p = float(stats.ttest_rel(b[seeds], a[seeds]).pvalue) if len(seeds) > 1 else float("nan")
+        if seeds:
+            pairs.append(((task, mode, metric), a[seeds].to_numpy(), b[seeds].to_numpy()))
+    if not pairs:
+        return pd.DataFrame(columns=COMPARE_COLS)
+    first = [S.paired_interval(b, a) for _, a, b in pairs]
+    fam = holm_family([k for k, _, _ in pairs], [iv.p for iv in first], primary)
+    rows = []
+    for ((task, mode, metric), a, b), iv0, h in zip(pairs, first, fam):
+        iv = S.paired_interval(b, a, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
-                     "mean_a": a[seeds].mean(), "mean_b": b[seeds].mean(), "diff": d.mean(),
-                     "ci_low": lo, "ci_high": hi, "n": len(seeds), "p_value": p,
-                     "test": "scipy.stats.ttest_rel", "interpretation": interpret(lo, hi, len(seeds), p, str(spec["a"]), str(spec["b"]))})
-    return pd.DataFrame(rows)
+                     "mean_a": a.mean(), "mean_b": b.mean(), "diff": iv.estimate, "sd_diff": iv.sd,
+                     "ci_low": iv.low, "ci_high": iv.high, "ci_level": iv.level, "ci_method": iv.method,
+                     "n": iv.n, "p_value": iv0.p, "p_adjusted": h["p_adjusted"], "correction": h["correction"],
+                     "primary": h["primary"], "mde": S.mde(iv.sd, iv.n), "test": _test_name(iv.method, "paired t-test"),
+                     "interpretation": interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]),
+                                                 str(spec["b"]))})
+    return pd.DataFrame(rows, columns=COMPARE_COLS)
+
+
+def _test_name(method: str, t_name: str) -> str:
+    if method.startswith(("t on", "Welch")):
+        return t_name
+    return "inverted BCa interval" if method.startswith("BCa") else method
 
 
 def _one_model(units: pd.DataFrame) -> bool:
@@ -243,44 +248,49 @@ def _replicates(units: pd.DataFrame) -> pd.DataFrame:
     return units
 
 
-def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
+def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str], primary: tuple | None = None) -> pd.DataFrame:
     """What pre-training bought: pretrained minus random-init, per task/mode/metric and factor level.
 
-    Unpaired (the baseline has no pre-training seed), so the CI is a two-sample bootstrap. The unit is
-    the pre-training seed; a level with one pre-training seed falls back to its fine-tune seeds.
+    Unpaired (the baseline has no pre-training seed): Welch's t-interval and test, Holm across the
+    table's rows (a family of its own). `primary` (task, mode, metric) is exempt from the correction
+    only when one row answers it (a study with one design point, whose headline is this row). The
+    unit is the pre-training seed; a level with one pre-training seed falls back to its fine-tune seeds.
     """
     by = ["task", "mode", "metric", *factor_keys]
     t = tidy[tidy["task"] != "pretrain"]
-    cols = [*by, "mean_pretrained", "mean_random", "diff", "ci_low", "ci_high", "n_pretrained", "n_random",
-            "p_value", "interpretation"]
+    cols = [*by, "mean_pretrained", "mean_random", "diff", "ci_low", "ci_high", "ci_level", "n_pretrained",
+            "n_random", "p_value", "p_adjusted", "correction", "primary", "test", "interpretation"]
     if t.empty or not (t["init"] == "random").any():
         return pd.DataFrame(columns=cols)
     pre = _pretrained_units(t[t["init"] == "pretrained"], by)
     rnd = _random_units(t, by)
-    rows = []
+    found = []
     for key, g in pre.groupby(by, dropna=False):
         sel = np.ones(len(rnd), dtype=bool)
         for k, v in zip(by, key):
             sel &= (rnd[k].isna() if pd.isna(v) else (rnd[k] == v)).to_numpy()
-        r = rnd[sel]
-        if r.empty:
-            continue
-        g, r = _replicates(g), _replicates(r)
-        lo, hi = bootstrap_diff_ci(g["value"], r["value"])
-        # Same rule as interpret(): the CI must exclude 0 AND a t-test (Welch, unpaired) must agree.
-        p = float(stats.ttest_ind(g["value"], r["value"], equal_var=False).pvalue) \
-            if len(g) > 1 and len(r) > 1 else float("nan")
-        sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if _one_model(g)
+        if sel.any():
+            found.append((key, _replicates(g)["value"].to_numpy(), _replicates(rnd[sel])["value"].to_numpy(),
+                          _one_model(g)))
+    keys = [tuple(k[:3]) for k, *_ in found]
+    first = [S.welch_interval(g, r) for _, g, r, _ in found]
+    fam = holm_family(keys, [iv.p for iv in first], primary if keys.count(primary) == 1 else None)
+    rows = []
+    for (key, g, r, one), iv0, h in zip(found, first, fam):
+        iv = S.welch_interval(g, r, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
+        sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if one
                  else f"n={len(g)} pre-trained, {len(r)} random")
-        if not (np.isfinite(lo) and np.isfinite(hi)):
-            words = f"not enough seeds for a CI ({sizes})"
-        elif lo <= 0 <= hi or not (np.isfinite(p) and p < 0.05):
+        if not (np.isfinite(iv.low) and np.isfinite(iv.high)):
+            words = f"{TOO_FEW_WORDS} ({sizes}; {S.MIN_N} a side needed)"
+        elif not h["p_adjusted"] < S.ALPHA:
             words = f"{NOISE_WORDS} ({sizes})"
         else:
-            words = f"pre-training {'raises' if lo > 0 else 'lowers'} it beyond seed noise ({sizes})"
-        rows.append({**dict(zip(by, key)), "mean_pretrained": g["value"].mean(), "mean_random": r["value"].mean(),
-                     "diff": g["value"].mean() - r["value"].mean(), "ci_low": lo, "ci_high": hi,
-                     "n_pretrained": len(g), "n_random": len(r), "p_value": p, "interpretation": words})
+            words = f"pre-training {'raises' if iv.low > 0 else 'lowers'} it beyond seed noise ({sizes})"
+        rows.append({**dict(zip(by, key)), "mean_pretrained": g.mean(), "mean_random": r.mean(),
+                     "diff": iv.estimate, "ci_low": iv.low, "ci_high": iv.high, "ci_level": iv.level,
+                     "n_pretrained": len(g), "n_random": len(r), "p_value": iv0.p, "p_adjusted": h["p_adjusted"],
+                     "correction": h["correction"], "primary": h["primary"],
+                     "test": _test_name(iv.method, "Welch t-test"), "interpretation": words})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -315,8 +325,7 @@ def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer:
     study folder because DVC forbids a metrics file inside another output): run counts, the paired
     answer on the primary metric, and the primary metric per factor level."""
     status = runs["status"].value_counts().to_dict() if len(runs) else {}
-    parts = str(plan.get("primary_metric", "ref_ppl")).split("/")
-    task, mode, metric = parts if len(parts) == 3 else ("pretrain", "pretrain", parts[-1])
+    task, mode, metric = primary_key(plan)
     primary: dict[str, dict] = {}
     if len(summary):
         sel = summary[(summary["task"] == task) & (summary["mode"] == mode) & (summary["metric"] == metric)
@@ -326,7 +335,8 @@ def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer:
             primary[level] = {k: _num(r[k]) for k in ("mean", "ci_low", "ci_high", "n")}
     ans = None
     if answer:
-        ans = {k: _num(answer.get(k)) for k in ("diff", "ci_low", "ci_high", "n", "p_value", "mean_a", "mean_b")}
+        ans = {k: _num(answer.get(k)) for k in ("diff", "ci_low", "ci_high", "n", "p_value", "mean_a", "mean_b",
+                                                "sd_diff", "mde")}
         ans.update({"a": str(answer.get("a")), "b": str(answer.get("b")),
                     "interpretation": answer.get("interpretation")})
     collapsed = int((runs["learned"] == False).sum()) if "learned" in runs else 0  # noqa: E712 - None is unknown
@@ -334,6 +344,38 @@ def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer:
             "runs": {"total": int(len(runs)), **{str(k): int(v) for k, v in status.items()},
                      "not_beyond_mode": collapsed},
             "answer": ans, "primary": primary}
+
+
+STATS_METHOD = (f"t-interval on n-1 df over pre-training seeds (BCa bootstrap, {S.N_RESAMPLES:,} resamples, "
+                f"seed {S.BOOTSTRAP_SEED}, from n={S.BOOTSTRAP_MIN_N}); Welch t for pre-trained vs random init; "
+                f"no interval below n={S.MIN_N}")
+STATS_TEST = "two-sided paired t-test; Holm across the secondary comparisons, the primary one uncorrected"
+
+
+def statistics_note(comps: pd.DataFrame) -> dict:
+    """The numbers the report's methods paragraph states: alpha, thresholds, the Holm family's size,
+    and the primary comparison's n, SD of paired differences and minimum detectable effect."""
+    note = {"alpha": S.ALPHA, "min_n": S.MIN_N, "bootstrap_min_n": S.BOOTSTRAP_MIN_N, "power": S.POWER,
+            "family": 0, "primary": None}
+    if len(comps):
+        note["family"] = int(comps["correction"].astype(str).str.startswith("Holm").sum())
+        p = comps[comps["primary"]]
+        if len(p):
+            r = p.iloc[0]
+            note["primary"] = {"task": r["task"], "mode": r["mode"], "metric": r["metric"], "n": int(r["n"]),
+                               "sd_diff": _num(r["sd_diff"]), "mde": _num(r["mde"])}
+    return note
+
+
+def measured_sd(study_dir: Path) -> dict | None:
+    """The primary comparison's measured SD of paired differences and its n, from an aggregate's
+    study.json (for `study plan --detect`); None when there is no aggregate or no finite SD yet."""
+    p = Path(study_dir) / "study.json"
+    if not p.exists():
+        return None
+    prim = ((read_json(p).get("statistics") or {}).get("primary")) or {}
+    sd = prim.get("sd_diff")
+    return prim if isinstance(sd, (int, float)) and math.isfinite(sd) and sd > 0 else None
 
 
 def _csv(df: pd.DataFrame) -> str:
@@ -352,9 +394,12 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
     atomic_write_text(out / "curves.csv", _csv(c["curves"]))
     done = tidy[tidy["status"] == "done"]
     atomic_write_text(out / "summary.csv", _csv(summarize(done, c["factor_keys"])))
-    comps = compare(done, plan["compare"]) if plan.get("compare") else pd.DataFrame()
+    key = primary_key(plan)
+    comps = compare(done, plan["compare"], key) if plan.get("compare") else pd.DataFrame()
     atomic_write_text(out / "comparisons.csv", _csv(comps))
-    atomic_write_text(out / "baseline.csv", _csv(baseline_gain(done, c["factor_keys"])))
+    # Without a `compare`, a one-design-point study's headline is its baseline row: exempt it then only.
+    base = baseline_gain(done, c["factor_keys"], None if plan.get("compare") else key)
+    atomic_write_text(out / "baseline.csv", _csv(base))
     provenance: dict[str, Any] = {}
     for r in plan["runs"]:
         mp = layout.run_dir(r["run_hash"]) / "meta.json"
@@ -363,17 +408,14 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
             provenance[r["run_hash"]] = {"data_hash": m.get("data_hash"), "device": m.get("device"),
                                          "provenance": m.get("provenance")}
     answer = None
-    if len(comps):
-        pm = plan.get("primary_metric", "")
-        parts = pm.split("/")
-        sel = comps[(comps["task"] == parts[0]) & (comps["mode"] == parts[1]) & (comps["metric"] == parts[2])] \
-            if len(parts) == 3 else comps[(comps["task"] == "pretrain") & (comps["metric"] == pm)]
-        if len(sel):
-            answer = sel.iloc[0].to_dict()
+    if len(comps) and comps["primary"].any():
+        # numpy scalars -> Python ones: study.json is written with default=str, which would quote them.
+        answer = {k: (v.item() if isinstance(v, np.generic) else v)
+                  for k, v in comps[comps["primary"]].iloc[0].to_dict().items()}
     atomic_write_json(layout.root / "metrics" / f"study-{plan['name']}.json",
                       study_metrics(plan, c["runs"], summarize(done, c["factor_keys"]), answer, c["factor_keys"]))
     atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
                                            "factor_keys": c["factor_keys"], "configs": _run_configs(plan, layout),
-                                           "ci_method": "percentile bootstrap, 10k resamples, seed 0",
-                                           "test": "scipy.stats.ttest_rel"})
+                                           "ci_method": STATS_METHOD, "test": STATS_TEST,
+                                           "statistics": statistics_note(comps)})
     return out

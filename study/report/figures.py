@@ -5,8 +5,9 @@ figure, or a reason why there is nothing to draw: a figure without data is skipp
 never a crash. `make_figures` picks the figures by the study's `kind`, always adds the training
 curves, and writes each one as PNG and SVG.
 
-Error bars are the aggregate's 95% percentile-bootstrap CIs over pre-training seeds (the report
-never re-computes statistics); a level with one seed is drawn without a bar and says n=1.
+Error bars are the aggregate's intervals over pre-training seeds (study.report.stats: 95% t-intervals;
+a paired difference's bar is drawn at the level its decision uses, Holm's for secondary rows); the
+report never re-computes statistics, and a level with fewer than 3 seeds is drawn without a bar.
 No torch import anywhere here: the report must render on a machine without the training stack.
 """
 from __future__ import annotations
@@ -23,10 +24,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from study.metrics import COST_METRICS, parse_metric  # noqa: E402
+
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
 BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "sentence_acc", "mfu"}
-COST = {"tokens_per_s", "params", "tokens_seen", "mfu", "wall_s"}
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
 
 
@@ -50,14 +52,6 @@ class FigureFile:
 
 
 # --------------------------------------------------------------------------- helpers
-def parse_metric(spec: str | None) -> tuple[str, str, str]:
-    """'SST-2/finetune/accuracy' -> (task, mode, metric); 'ref_ppl' -> ('pretrain', 'pretrain', 'ref_ppl')."""
-    parts = (spec or "ref_ppl").split("/")
-    if len(parts) == 3:
-        return parts[0], parts[1], parts[2]
-    return "pretrain", "pretrain", parts[-1]
-
-
 def metric_label(task: str, mode: str, metric: str) -> str:
     return metric if task == "pretrain" else f"{task} {mode} {metric}"
 
@@ -210,12 +204,13 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
     cmp = plan.get("compare") or {}
     a, b = cmp.get("a", "a"), cmp.get("b", "b")
     d = Drawn("paired_differences", f"{b} minus {a}, per task", f"Paired difference {b} − {a} (same pre-training "
-              "seed), mean with 95% bootstrap CI; the dashed line is no effect. Downstream scores in points "
+              "seed), mean with its interval at the level that decides it (95% for the primary comparison, "
+              "Holm's level for the others); the dashed line is no effect. Downstream scores in points "
               "(×100); perplexity in its own units.")
     if comparisons is None or comparisons.empty:
         d.skipped = "no paired comparison in the aggregate (the study has no `compare`, or no seed finished both levels)"
         return d
-    c = comparisons[~comparisons["metric"].isin(COST)].copy()
+    c = comparisons[~comparisons["metric"].isin(COST_METRICS)].copy()
     down = c[c["task"] != "pretrain"].copy()
     pre = c[(c["task"] == "pretrain") & (c["metric"] == "ref_ppl")]
     if down.empty and pre.empty:
@@ -252,7 +247,7 @@ def _xerr(g: pd.DataFrame) -> np.ndarray:
 def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     d = Drawn("mask_rate", "Masking rate vs perplexity and downstream score", "Left: perplexity on the fixed "
               "reference masks (15%, 80/10/10, the same positions for every run) against the training masking "
-              "rate. Right: downstream scores. Mean over pre-training seeds, 95% bootstrap CI.")
+              "rate. Right: downstream scores. Mean over pre-training seeds, 95% t-interval.")
     x = _x_key(plan, keys, "masking.rate")
     if x is None or summary.empty:
         d.skipped = "no masking-rate factor or no finished runs"
@@ -282,12 +277,12 @@ def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
 def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     d = Drawn("replacement", "Replacement split: fine-tune and feature-based", "Score per MASK/SAME/RND split "
               "(as BERT Table 8): fine-tuning (left) and the frozen-encoder probe (right), mean over "
-              "pre-training seeds with 95% bootstrap CI.")
+              "pre-training seeds with 95% t-interval.")
     if summary.empty:
         d.skipped = "no finished runs"
         return d
     s = with_levels(summary[summary["init"] == "pretrained"], keys, run_labels(plan, keys))
-    panels = [(m, s[(s["mode"] == m) & (s["task"] != "pretrain") & ~s["metric"].isin(COST)]) for m in ("finetune", "probe")]
+    panels = [(m, s[(s["mode"] == m) & (s["task"] != "pretrain") & ~s["metric"].isin(COST_METRICS)]) for m in ("finetune", "probe")]
     if all(p.empty for _, p in panels):
         d.skipped = "no fine-tune or probe scores yet"
         return d
@@ -317,12 +312,12 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
 def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     d = Drawn("depth", "Depth vs perplexity, score, parameters and measured speed", "Against the number of "
               "layers: fixed-reference perplexity, the primary downstream score, parameter count and measured "
-              "training throughput (tokens/s on this study's hardware). Mean, 95% bootstrap CI over seeds.")
+              "training throughput (tokens/s on this study's hardware). Mean, 95% t-interval over seeds.")
     x = _x_key(plan, keys, "layers")
     if x is None or summary.empty:
         d.skipped = "no depth factor or no finished runs"
         return d
-    task, mode, metric = parse_metric(plan.get("primary_metric"))
+    task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     if task == "pretrain":
         dm = _downstream_metrics(summary)
         task, mode, metric = dm[0] if dm else (task, mode, metric)
@@ -344,9 +339,9 @@ def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
 
 
 def generic(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    task, mode, metric = parse_metric(plan.get("primary_metric"))
+    task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     d = Drawn("primary_metric", f"{metric_label(task, mode, metric)} per design point",
-              "The primary metric per factor level, mean over pre-training seeds with 95% bootstrap CI.")
+              "The primary metric per factor level, mean over pre-training seeds with 95% t-interval.")
     g = select(summary, task, mode, metric) if not summary.empty else summary
     if g.empty:
         d.skipped = f"no values of the primary metric {plan.get('primary_metric')!r} yet"

@@ -28,9 +28,11 @@ import pandas as pd
 
 from study.report import figures as F
 from study.report import references as R
-from study.report.aggregate import NOISE_WORDS
+from study.report import stats as S
+from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
+from study.metrics import COST_METRICS, param_columns, parse_metric
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -109,11 +111,13 @@ def fmt_diff(x: Any, metric: str) -> str:
     return f"{x:+,.0f}" if metric in ("params", "tokens_seen", "tokens_per_s") else f"{x:+.2f}"
 
 
-def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False) -> str:
+def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False, level: Any = None) -> str:
+    """[lo, hi]; the level is appended only when it is not 95% (a Holm-level interval)."""
     if not (_finite(lo) and _finite(hi)):
-        return "no CI (n<2)"
+        return f"no interval (n<{S.MIN_N})"
     f = (lambda v: fmt_diff(v, metric).replace(" pp", "")) if diff else (lambda v: fmt_value(v, metric))
-    return f"[{f(lo)}, {f(hi)}]"
+    at = f" at {100 * level:.4g}%" if _finite(level) and abs(level - 0.95) > 1e-9 else ""
+    return f"[{f(lo)}, {f(hi)}]{at}"
 
 
 def _human(n: Any) -> str:
@@ -143,16 +147,46 @@ def _verdict_words(interpretation: str) -> str:
     return re.sub(r"\s+at n=\d+ seeds$", "", s) or "no verdict"
 
 
+def methods_sentence(sf: StudyFiles) -> str:
+    """The report's statistics stated once: the rule, the correction, the bootstrap threshold, the MDE."""
+    st = sf.study.get("statistics")
+    if not st:  # an aggregate written before study.report.stats: say what it used instead
+        return f"Statistics of this (older) aggregate: {sf.study.get('ci_method')}; {sf.study.get('test')}."
+    a = f"{st['alpha']:g}"
+    text = (f"Statistics: the unit is the pre-training seed (fine-tune seeds averaged within it). One rule: a "
+            f"difference is beyond seed noise exactly when its interval excludes 0, which is exactly when its "
+            f"two-sided t-test gives p < {a} (t-interval on n−1 df; Welch's for pre-trained vs random init; "
+            f"a BCa bootstrap, whose p inverts its interval, only from n={st['bootstrap_min_n']}; below "
+            f"n={st['min_n']} no interval, no test and no direction). The primary comparison is tested alone "
+            f"at {a}; ")
+    fam = st.get("family") or 0
+    text += (f"the other {fam} paired comparisons (cost metrics excluded) are Holm-corrected, each interval drawn "
+             f"at the level Holm tests it at, so it excludes 0 exactly when its Holm-adjusted p < {a}."
+             if fam else "there are no other paired comparisons to correct for.")
+    pr = st.get("primary")
+    if pr and _finite(pr.get("mde")):
+        text += (f" With n={pr['n']} seeds and SD {fmt_diff(pr['sd_diff'], pr['metric']).lstrip('+')} of the "
+                 f"paired differences, this study could detect differences of ≥ "
+                 f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
+                 f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs.")
+    elif pr:
+        text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect (n<{st['min_n']})."
+    return text
+
+
 # --------------------------------------------------------------------------- content
 def answer_sentence(sf: StudyFiles) -> dict:
     """The study's answer in ONE sentence with its CI, or why there is none yet."""
     plan, ans = sf.plan, sf.study.get("answer")
-    task, mode, metric = F.parse_metric(plan.get("primary_metric"))
+    task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     what = F.metric_label(task, mode, metric)
     if ans and _finite(ans.get("diff")):
         fac = (plan.get("compare") or {}).get("factor", "")
         a, b = ans.get("a"), ans.get("b")
         n = int(ans.get("n") or 0)
+        if n < S.MIN_N or not (_finite(ans.get("ci_low")) and _finite(ans.get("ci_high"))):
+            return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed), so no "
+                            f"direction is claimed.", "kind": "paired"}
         text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
                 f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: "
                 f"{_verdict_words(ans.get('interpretation'))}")
@@ -179,7 +213,7 @@ def answer_sentence(sf: StudyFiles) -> dict:
                         "kind": "baseline"}
             return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
         if not (_finite(best["ci_low"]) and _finite(best["ci_high"])):
-            return {"text": head + ": not enough seeds for a CI.", "kind": "levels"}
+            return {"text": f"{head}: {TOO_FEW_WORDS}.", "kind": "levels"}
         overl = [r["level"] for _, r in rest.iterrows() if _finite(r["ci_low"]) and
                  not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
         tail = (f": its CI overlaps {', '.join(map(str, overl))}, {NOISE_WORDS}" if overl
@@ -239,7 +273,8 @@ def _ours_by_level(sf: StudyFiles, levels: list[dict], s: pd.DataFrame) -> dict:
             noise = None if not (_finite(r.ci_low) and _finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
             ours[("diff", i, j, r.task, r.mode, r.metric)] = {
                 "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
-                "basis": "paired by seed: bootstrap CI and t-test"}
+                "ci_level": getattr(r, "ci_level", None),  # absent from an aggregate older than stats.py
+                "basis": "paired by seed: t-interval at the level of its test"}
     return {"ours": ours, "pairs": pairs}
 
 
@@ -310,7 +345,8 @@ def reference_sections(sf: StudyFiles) -> list[dict]:
                 continue
             rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
                          "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
-                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True)
+                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,
+                                              level=o.get("ci_level"))
                                        if o and o.get("ci_low") is not None else (o or {}).get("basis", "")),
                          "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh")})
         v = ref.verification.verified
@@ -333,9 +369,9 @@ def _summary_rows(sf: StudyFiles) -> list[dict]:
         return []
     s = F.with_levels(s[s["init"] == "pretrained"] if "init" in s else s, sf.factor_keys,
                       F.run_labels(sf.plan, sf.factor_keys))
-    task, mode, metric = F.parse_metric(sf.plan.get("primary_metric"))
+    task, mode, metric = parse_metric(sf.plan.get("primary_metric"), field="report.primary_metric")
     s = s.assign(is_other=~((s["task"] == task) & (s["mode"] == mode) & (s["metric"] == metric)),
-                 is_cost=s["metric"].isin(F.COST))
+                 is_cost=s["metric"].isin(COST_METRICS))
     s = s.sort_values(["is_other", "is_cost", "task", "mode", "metric", "level"])
     return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric, "primary": not r.is_other,
              "mean": fmt_value(r.mean, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
@@ -348,13 +384,24 @@ def _comparison_rows(sf: StudyFiles) -> list[dict]:
     if c.empty:
         return []
     # Downstream first, then pre-training quality, then cost (speed, size) which is rarely the question.
-    c = c.assign(order=[2 if m in F.COST else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])])
+    c = c.assign(order=[2 if m in COST_METRICS else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])])
     c = c.sort_values(["order", "task", "mode", "metric"], kind="stable")
+    c = c.reindex(columns=[*c.columns, *(k for k in STATS_COLS if k not in c)])  # an older aggregate lacks them
     return [{"task": r.task, "mode": r.mode, "metric": r.metric, "a": r.a, "b": r.b,
              "mean_a": fmt_value(r.mean_a, r.metric), "mean_b": fmt_value(r.mean_b, r.metric),
-             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True),
-             "n": int(r.n), "p": f"{r.p_value:.3f}" if _finite(r.p_value) else "–",
-             "interpretation": r.interpretation} for r in c.itertuples()]
+             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True,
+                                                              level=r.ci_level),
+             "n": int(r.n), "p": _fmt_p(r.p_value), "p_adj": _fmt_p(r.p_adjusted),
+             "correction": r.correction if isinstance(r.correction, str) else "–", "primary": str(r.primary) == "True",
+             "mde": fmt_diff(r.mde, r.metric).lstrip("+"), "interpretation": r.interpretation}
+            for r in c.itertuples()]
+
+
+STATS_COLS = ("ci_level", "p_adjusted", "correction", "primary", "mde")
+
+
+def _fmt_p(p: Any) -> str:
+    return ("< 0.001" if p < 0.001 else f"{p:.3f}") if _finite(p) else "–"
 
 
 def _baseline_rows(sf: StudyFiles) -> list[dict]:
@@ -363,11 +410,13 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
         return []
     keys = [k for k in sf.factor_keys if k in b]
     b = F.with_levels(b, keys, F.run_labels(sf.plan, keys))
+    b = b.reindex(columns=[*b.columns, *(k for k in STATS_COLS if k not in b)])
     return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric,
              "pre": fmt_value(r.mean_pretrained, r.metric), "rnd": fmt_value(r.mean_random, r.metric),
-             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True),
-             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "interpretation": r.interpretation}
-            for r in b.itertuples()]
+             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True,
+                                                              level=r.ci_level),
+             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "p_adj": _fmt_p(r.p_adjusted),
+             "interpretation": r.interpretation} for r in b.itertuples()]
 
 
 def _problem_runs(sf: StudyFiles) -> dict:
@@ -425,9 +474,10 @@ def _provenance(sf: StudyFiles) -> dict:
 
 
 def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> dict | None:
-    """Counts and the best trial of an optuna trials table (number, state, value, params_*...).
+    """Counts and the best trial of a trials table (number, state, value, params_<key>...).
 
-    `optuna.Study.trials_dataframe()` fits as is; `direction` is the study's (minimize/maximize).
+    The columns are study/metrics.py's: the search stage's trials.csv and optuna's
+    `Study.trials_dataframe()` both fit as they are; `direction` is the study's (minimize/maximize).
     """
     if trials is None or trials.empty:
         return None
@@ -439,7 +489,7 @@ def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> 
         b = done.loc[done["value"].idxmin() if direction == "minimize" else done["value"].idxmax()]
         best = {"number": int(b["number"]) if "number" in b and _finite(b["number"]) else None,
                 "value": f"{b['value']:.4g}",
-                "params": {k.removeprefix("params_"): v for k, v in b.items() if str(k).startswith("params_")}}
+                "params": {key: b[col] for key, col in param_columns(b.index).items()}}
     return {"n": len(trials), "counts": counts, "best": best}
 
 
@@ -481,7 +531,7 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
     plan = sf.plan
     html = _env().get_template("report.html").render(
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
-        answer=answer, warning=warning, factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
+        answer=answer, warning=warning, methods=methods_sentence(sf), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
         baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
         provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
