@@ -1,18 +1,18 @@
 """The pre-training stage: `train_run` (one run into results/runs/<run_hash>/, resumable) and
 `rescore_run` (score a finished run's saved model again with today's evaluation).
 
-The entry points are loaded on first use (PEP 562 module __getattr__): importing this package, or a
-light module of it, must not import torch and transformers, so `study --help` stays fast.
+    trainer.py     train_run and the loop: resume, logging, evaluation, divergence, results
+    step.py        one optimizer step (also what `study plan` times), the model and optimizer it runs on
+    schedule.py    the LR schedule over budget progress
+    checkpoint.py  checkpoint files (digest-verified) and RNG state
+    evaluate.py    the fixed-reference evaluation every run is compared on; the matmul peak MFU divides by
+    rescore.py     score a finished run again; add the metrics fields it lacks
+    curve.py       learning curves of one run (`study curve`)
+    __main__.py    `python -m study.pretrain CONFIG.json` (also the torchrun entry point)
+
+Entry points load on first use (study/lazy.py): importing this package must not import torch.
 """
-from __future__ import annotations
+from study.lazy import exports
 
-import importlib
-
-_EXPORTS = {"train_run": "study.pretrain.trainer", "rescore_run": "study.pretrain.rescore"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["rescore_run", "train_run"]
+__getattr__ = exports(__name__, {"train_run": "study.pretrain.trainer", "rescore_run": "study.pretrain.rescore"})

@@ -1,1 +1,17 @@
-"""report."""
+"""The report stage: `aggregate_study` (run folders -> tidy tables with seed statistics) and
+`render_report` / `render_index` (tables -> one self-contained HTML report per study).
+
+    aggregate.py   tidy/runs/curves/summary/comparison/baseline tables from result files only
+    stats.py       intervals and tests valid at the number of seeds that ran; Holm; minimum detectable effect
+    figures.py     seaborn figures from the tables
+    curves.py      the learning-curve figure (`study curve`)
+    render.py      the HTML report (templates/) from the aggregate files only
+    references/    published ablation tables as data, matched against a study's levels
+
+Entry points load on first use (study/lazy.py): the report must not import torch.
+"""
+from study.lazy import exports
+
+__all__ = ["aggregate_study", "render_index", "render_report"]
+__getattr__ = exports(__name__, {"aggregate_study": "study.report.aggregate", "render_report": "study.report.render",
+                                 "render_index": "study.report.render"})

@@ -56,7 +56,7 @@ def metric_label(task: str, mode: str, metric: str) -> str:
     return metric if task == "pretrain" else f"{task} {mode} {metric}"
 
 
-def _canon(v) -> str:
+def canon(v) -> str:
     """A level value as text that survives the YAML -> JSON -> CSV round trip (2 == 2.0 == '2')."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "None"
@@ -75,7 +75,7 @@ def run_labels(plan: dict, keys: list[str]) -> dict[tuple, str] | None:
         return None
     out: dict[tuple, str] = {}
     for r in plan.get("runs", []):
-        k = tuple(_canon(r.get("factors", {}).get(key)) for key in keys)
+        k = tuple(canon(r.get("factors", {}).get(key)) for key in keys)
         if out.setdefault(k, r["label"]) != r["label"]:
             return None
     return out
@@ -87,7 +87,7 @@ def level_label(values: dict, keys: list[str], names: dict[tuple, str] | None = 
     if not keys:
         return "base"
     if names:
-        got = names.get(tuple(_canon(values.get(k)) for k in keys))
+        got = names.get(tuple(canon(values.get(k)) for k in keys))
         if got is not None:
             return got
     if set(keys) == set(REPLACEMENT_KEYS):

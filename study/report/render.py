@@ -17,7 +17,6 @@ import base64
 import datetime as _dt
 import json
 import math
-import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,14 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from study.report import figures as F
-from study.report import references as R
-from study.report import stats as S
-from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 from study.metrics import COST_METRICS, param_columns, parse_metric
+from study.report import figures as F
+from study.report import stats as S
+from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS
+from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
+from study.report.papers import reference_sections
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -84,51 +84,6 @@ def load_study_dir(study_dir: str | Path) -> StudyFiles:
                       curves=_read_csv(study_dir / "curves.csv"), trials=trials, factor_keys=list(keys))
 
 
-# --------------------------------------------------------------------------- formatting
-def _finite(x: Any) -> bool:
-    # numbers.Real covers numpy scalars too (np.int64 is not an int).
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def fmt_value(x: Any, metric: str) -> str:
-    """Scores in percent (one decimal), perplexity/loss two decimals, counts with separators."""
-    if not _finite(x):
-        return "–"
-    if metric in F.BOUNDED:
-        return f"{100 * x:.1f}"
-    if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
-        return f"{x:,.0f}"
-    if metric == "wall_s":
-        return f"{x:,.1f}"
-    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.2f}"
-
-
-def fmt_diff(x: Any, metric: str) -> str:
-    if not _finite(x):
-        return "–"
-    if metric in F.BOUNDED:
-        return f"{100 * x:+.1f} pp"
-    return f"{x:+,.0f}" if metric in ("params", "tokens_seen", "tokens_per_s") else f"{x:+.2f}"
-
-
-def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False, level: Any = None) -> str:
-    """[lo, hi]; the level is appended only when it is not 95% (a Holm-level interval)."""
-    if not (_finite(lo) and _finite(hi)):
-        return f"no interval (n<{S.MIN_N})"
-    f = (lambda v: fmt_diff(v, metric).replace(" pp", "")) if diff else (lambda v: fmt_value(v, metric))
-    at = f" at {100 * level:.4g}%" if _finite(level) and abs(level - 0.95) > 1e-9 else ""
-    return f"[{f(lo)}, {f(hi)}]{at}"
-
-
-def _human(n: Any) -> str:
-    if not _finite(n):
-        return "unknown"
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{unit}"
-    return f"{n:.3g}"
-
-
 RUN_FIELDS = ("run_hash", "label", "seed", "status", "error", "step", "params", "tokens_seen", "tokens_per_s",
               "wall_s", "device", "data_hash")
 
@@ -164,7 +119,7 @@ def methods_sentence(sf: StudyFiles) -> str:
              f"at the level Holm tests it at, so it excludes 0 exactly when its Holm-adjusted p < {a}."
              if fam else "there are no other paired comparisons to correct for.")
     pr = st.get("primary")
-    if pr and _finite(pr.get("mde")):
+    if pr and finite(pr.get("mde")):
         text += (f" With n={pr['n']} seeds and SD {fmt_diff(pr['sd_diff'], pr['metric']).lstrip('+')} of the "
                  f"paired differences, this study could detect differences of ≥ "
                  f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
@@ -180,17 +135,17 @@ def answer_sentence(sf: StudyFiles) -> dict:
     plan, ans = sf.plan, sf.study.get("answer")
     task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     what = F.metric_label(task, mode, metric)
-    if ans and _finite(ans.get("diff")):
+    if ans and finite(ans.get("diff")):
         fac = (plan.get("compare") or {}).get("factor", "")
         a, b = ans.get("a"), ans.get("b")
         n = int(ans.get("n") or 0)
-        if n < S.MIN_N or not (_finite(ans.get("ci_low")) and _finite(ans.get("ci_high"))):
+        if n < S.MIN_N or not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
             return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed), so no "
                             f"direction is claimed.", "kind": "paired"}
         text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
                 f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: "
                 f"{_verdict_words(ans.get('interpretation'))}")
-        if all(_finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
+        if all(finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
             # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
         return {"text": text + ".", "kind": "paired"}
@@ -206,15 +161,15 @@ def answer_sentence(sf: StudyFiles) -> dict:
         if rest.empty:  # one design point: what it can be compared with is the random-init baseline
             b = sf.baseline
             b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric)] if not b.empty else b
-            if not b.empty and _finite(b.iloc[0]["diff"]):
+            if not b.empty and finite(b.iloc[0]["diff"]):
                 r = b.iloc[0]
                 return {"text": f"{head}; pre-trained minus random init: {fmt_diff(r['diff'], metric)}, 95% CI "
                                 f"{fmt_ci(r['ci_low'], r['ci_high'], metric, diff=True)}: {r['interpretation']}.",
                         "kind": "baseline"}
             return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
-        if not (_finite(best["ci_low"]) and _finite(best["ci_high"])):
+        if not (finite(best["ci_low"]) and finite(best["ci_high"])):
             return {"text": f"{head}: {TOO_FEW_WORDS}.", "kind": "levels"}
-        overl = [r["level"] for _, r in rest.iterrows() if _finite(r["ci_low"]) and
+        overl = [r["level"] for _, r in rest.iterrows() if finite(r["ci_low"]) and
                  not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
         tail = (f": its CI overlaps {', '.join(map(str, overl))}, {NOISE_WORDS}" if overl
                 else ": its CI is clear of every other level's")
@@ -224,143 +179,6 @@ def answer_sentence(sf: StudyFiles) -> dict:
     bad = int(sf.runs["status"].isin(["failed", "diverged"]).sum()) if total else 0
     return {"text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
                     f"primary metric {plan.get('primary_metric')!r} has no values.", "kind": "none"}
-
-
-def _level_dicts(sf: StudyFiles) -> tuple[list[dict], pd.DataFrame]:
-    s = sf.summary
-    if s.empty or not sf.factor_keys:
-        return [], s
-    s = s[s["init"] == "pretrained"] if "init" in s else s
-    levels = s[sf.factor_keys].drop_duplicates().to_dict("records")
-    return levels, s
-
-
-def _level_index(sf: StudyFiles, levels: list[dict], value: Any) -> int | None:
-    """Which level a `compare` value names: a level of the single factor, or a run label."""
-    cmp = sf.plan.get("compare") or {}
-    fac = cmp.get("factor")
-    if value is None or fac is None:
-        return None
-    if fac == "label":
-        run = next((r for r in sf.plan.get("runs", []) if r["label"] == str(value)), None)
-        if run is None:
-            return None
-        want = {k: run.get("factors", {}).get(k) for k in sf.factor_keys}
-    elif sf.factor_keys == [fac]:
-        want = {fac: value}
-    else:
-        return None
-    for idx, lv in enumerate(levels):
-        if all(F._canon(lv.get(k)) == F._canon(v) for k, v in want.items()):
-            return idx
-    return None
-
-
-def _ours_by_level(sf: StudyFiles, levels: list[dict], s: pd.DataFrame) -> dict:
-    ours: dict = {}
-    for i, lv in enumerate(levels):
-        m = pd.Series(True, index=s.index)
-        for k, v in lv.items():
-            m &= (s[k].isna() if pd.isna(v) else s[k] == v)
-        for r in s[m].itertuples(index=False):
-            ours[(i, r.task, r.mode, r.metric)] = {"mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
-    cmp = sf.plan.get("compare") or {}
-    pairs = None
-    i, j = _level_index(sf, levels, cmp.get("a")), _level_index(sf, levels, cmp.get("b"))
-    if cmp and i is not None and j is not None and not sf.comparisons.empty:
-        pairs = [(i, j)]
-        for r in sf.comparisons.itertuples(index=False):
-            noise = None if not (_finite(r.ci_low) and _finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
-            ours[("diff", i, j, r.task, r.mode, r.metric)] = {
-                "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
-                "ci_level": getattr(r, "ci_level", None),  # absent from an aggregate older than stats.py
-                "basis": "paired by seed: t-interval at the level of its test"}
-    return {"ours": ours, "pairs": pairs}
-
-
-def our_scale(sf: StudyFiles) -> dict:
-    """What we trained: parameters, tokens seen, corpus, model shapes (from the aggregate only).
-
-    Ranges when they vary across runs (a depth study); ratios against a paper use our LARGEST run,
-    so "they used N× our parameters" is never overstated.
-    """
-    runs, configs = sf.runs, sf.study.get("configs") or {}
-    col = lambda c: runs[c].dropna() if c in runs and runs[c].notna().any() else pd.Series(dtype=float)  # noqa: E731
-    params, tokens = col("params"), col("tokens_seen")
-    corpus, shapes = "unknown (no run config in the aggregate)", []
-    for c in configs.values():
-        srcs = (c.get("corpus") or {}).get("sources") or []
-        corpus = " + ".join(s.get("kind", "?") + (f":{Path(s['path']).name}" if s.get("path") else "")
-                            + (f":{s['name']}" if s.get("name") else "") for s in srcs) or corpus
-        m = c.get("model") or {}
-        shape = f"L={m.get('layers')} H={m.get('hidden')} A={m.get('heads')}"
-        if m and shape not in shapes:
-            shapes.append(shape)
-        t, o = c.get("train") or {}, c.get("objective") or {}
-        if tokens.empty and t.get("budget") == "steps" and o.get("max_seq_len"):
-            tokens = pd.Series([t["amount"] * t["batch_size"] * o["max_seq_len"]], dtype=float)
-
-    def rng(x: pd.Series) -> str:
-        if x.empty:
-            return "unknown"
-        lo, hi = x.min(), x.max()
-        return _human(hi) if math.isclose(lo, hi, rel_tol=0.01) else f"{_human(lo)}–{_human(hi)}"
-    return {"params": params.max() if len(params) else None, "tokens": tokens.max() if len(tokens) else None,
-            "params_s": rng(params), "tokens_s": rng(tokens), "corpus": corpus,
-            "model": "; ".join(shapes) if shapes else "shape unknown"}
-
-
-def scale_statement(ours: dict, ref: R.Reference) -> str:
-    sc = ref.scale
-    parts = [f"Ours: {ours['params_s']} parameters ({ours['model']}), {ours['tokens_s']} training "
-             f"tokens, corpus {ours['corpus']}. Theirs: {_human(sc.params)} parameters ({sc.model}), "
-             f"{_human(sc.train_tokens)} training tokens, {sc.corpus}."]
-    if _finite(ours["params"]) and sc.params:
-        parts.append(f"They used {sc.params / ours['params']:,.0f}× the parameters of our largest run")
-        if _finite(ours["tokens"]) and sc.train_tokens:
-            parts[-1] += f" and {sc.train_tokens / ours['tokens']:,.0f}× its training tokens"
-        parts[-1] += "; a direction that agrees is weak support, one that disagrees may be a scale effect."
-    if not sc.verified:
-        parts.append(f"(Their scale is partly unverified: {sc.provenance}.)")
-    return " ".join(parts)
-
-
-def reference_sections(sf: StudyFiles) -> list[dict]:
-    plan = sf.plan
-    refs = R.for_study(plan.get("kind", "generic"), plan.get("references"))
-    levels, s = _level_dicts(sf)
-    od = _ours_by_level(sf, levels, s) if levels else {"ours": {}, "pairs": None}
-    ours_sc = our_scale(sf)
-    out = []
-    for ref in refs:
-        cmp = R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"]) if levels else \
-            {"rows": [], "confounders": [], "matched": {}, "note": "no finished runs to compare with", "trend": None}
-        rows, unmeasured = [], []
-        for r in cmp["rows"]:
-            o = r["ours"]
-            if o is None:  # listed in one line instead of a table row per column
-                what = f"{r['column']} ({r['task']} {r['metric']})"
-                if what not in unmeasured:
-                    unmeasured.append(what)
-                continue
-            rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
-                         "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
-                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,
-                                              level=o.get("ci_level"))
-                                       if o and o.get("ci_low") is not None else (o or {}).get("basis", "")),
-                         "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh")})
-        v = ref.verification.verified
-        out.append({"ref": ref, "citation": ref.citation, "scale": scale_statement(ours_sc, ref), "rows": rows,
-                    "unmeasured": unmeasured, "trend": cmp.get("trend"),
-                    "verified": {True: "verified", False: "NOT verified", "partial": "partly verified"}[v],
-                    "note": cmp["note"], "confounders": cmp["confounders"],
-                    "matched": {F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
-                                for i, lab in cmp["matched"].items()},
-                    "table_cols": [c.name for c in ref.columns],
-                    "table_rows": [{"label": r.label, "verified": r.verified,
-                                    "cells": [("–" if r.values.get(c.name) is None else str(r.values[c.name]))
-                                              for c in ref.columns]} for r in ref.rows]})
-    return out
 
 
 def _summary_rows(sf: StudyFiles) -> list[dict]:
@@ -376,7 +194,7 @@ def _summary_rows(sf: StudyFiles) -> list[dict]:
     return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric, "primary": not r.is_other,
              "mean": fmt_value(r.mean, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
              "std": fmt_value(r.std, r.metric) if r.metric not in F.BOUNDED else
-             (f"{100 * r.std:.1f}" if _finite(r.std) else "–"), "n": int(r.n)} for r in s.itertuples()]
+             (f"{100 * r.std:.1f}" if finite(r.std) else "–"), "n": int(r.n)} for r in s.itertuples()]
 
 
 def _comparison_rows(sf: StudyFiles) -> list[dict]:
@@ -401,7 +219,7 @@ STATS_COLS = ("ci_level", "p_adjusted", "correction", "primary", "mde")
 
 
 def _fmt_p(p: Any) -> str:
-    return ("< 0.001" if p < 0.001 else f"{p:.3f}") if _finite(p) else "–"
+    return ("< 0.001" if p < 0.001 else f"{p:.3f}") if finite(p) else "–"
 
 
 def _baseline_rows(sf: StudyFiles) -> list[dict]:
@@ -487,7 +305,7 @@ def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> 
     best = None
     if not done.empty:
         b = done.loc[done["value"].idxmin() if direction == "minimize" else done["value"].idxmax()]
-        best = {"number": int(b["number"]) if "number" in b and _finite(b["number"]) else None,
+        best = {"number": int(b["number"]) if "number" in b and finite(b["number"]) else None,
                 "value": f"{b['value']:.4g}",
                 "params": {key: b[col] for key, col in param_columns(b.index).items()}}
     return {"n": len(trials), "counts": counts, "best": best}

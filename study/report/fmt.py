@@ -1,0 +1,56 @@
+"""How the report writes numbers: scores in percent, differences in points, intervals with their level.
+
+Shared by the report's tables and sentences (render.py) and its paper comparisons (papers.py).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from study.report import stats as S
+from study.report.figures import BOUNDED
+
+
+def finite(x: Any) -> bool:
+    # numbers.Real covers numpy scalars too (np.int64 is not an int).
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fmt_value(x: Any, metric: str) -> str:
+    """Scores in percent (one decimal), perplexity/loss two decimals, counts with separators."""
+    if not finite(x):
+        return "–"
+    if metric in BOUNDED:
+        return f"{100 * x:.1f}"
+    if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
+        return f"{x:,.0f}"
+    if metric == "wall_s":
+        return f"{x:,.1f}"
+    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def fmt_diff(x: Any, metric: str) -> str:
+    if not finite(x):
+        return "–"
+    if metric in BOUNDED:
+        return f"{100 * x:+.1f} pp"
+    return f"{x:+,.0f}" if metric in ("params", "tokens_seen", "tokens_per_s") else f"{x:+.2f}"
+
+
+def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False, level: Any = None) -> str:
+    """[lo, hi]; the level is appended only when it is not 95% (a Holm-level interval)."""
+    if not (finite(lo) and finite(hi)):
+        return f"no interval (n<{S.MIN_N})"
+    f = (lambda v: fmt_diff(v, metric).replace(" pp", "")) if diff else (lambda v: fmt_value(v, metric))
+    at = f" at {100 * level:.4g}%" if finite(level) and abs(level - 0.95) > 1e-9 else ""
+    return f"[{f(lo)}, {f(hi)}]{at}"
+
+
+def human(n: Any) -> str:
+    if not finite(n):
+        return "unknown"
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.3g}"

@@ -1,0 +1,155 @@
+"""Our results beside the papers': which of a study's levels a published table's rows match, our
+scale against theirs, and a row per paper difference with ours next to it and a verdict.
+
+The matching and verdicts are study/report/references/'s; this module turns a study's aggregate
+(render.StudyFiles) into what the report's "beside the papers" sections show.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from study.report import figures as F
+from study.report import references as R
+from study.report.aggregate import NOISE_WORDS
+from study.report.fmt import finite, fmt_ci, fmt_diff, human
+
+
+def _level_dicts(sf) -> tuple[list[dict], pd.DataFrame]:
+    s = sf.summary
+    if s.empty or not sf.factor_keys:
+        return [], s
+    s = s[s["init"] == "pretrained"] if "init" in s else s
+    levels = s[sf.factor_keys].drop_duplicates().to_dict("records")
+    return levels, s
+
+
+def _level_index(sf, levels: list[dict], value: Any) -> int | None:
+    """Which level a `compare` value names: a level of the single factor, or a run label."""
+    cmp = sf.plan.get("compare") or {}
+    fac = cmp.get("factor")
+    if value is None or fac is None:
+        return None
+    if fac == "label":
+        run = next((r for r in sf.plan.get("runs", []) if r["label"] == str(value)), None)
+        if run is None:
+            return None
+        want = {k: run.get("factors", {}).get(k) for k in sf.factor_keys}
+    elif sf.factor_keys == [fac]:
+        want = {fac: value}
+    else:
+        return None
+    for idx, lv in enumerate(levels):
+        if all(F.canon(lv.get(k)) == F.canon(v) for k, v in want.items()):
+            return idx
+    return None
+
+
+def _ours_by_level(sf, levels: list[dict], s: pd.DataFrame) -> dict:
+    ours: dict = {}
+    for i, lv in enumerate(levels):
+        m = pd.Series(True, index=s.index)
+        for k, v in lv.items():
+            m &= (s[k].isna() if pd.isna(v) else s[k] == v)
+        for r in s[m].itertuples(index=False):
+            ours[(i, r.task, r.mode, r.metric)] = {"mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
+    cmp = sf.plan.get("compare") or {}
+    pairs = None
+    i, j = _level_index(sf, levels, cmp.get("a")), _level_index(sf, levels, cmp.get("b"))
+    if cmp and i is not None and j is not None and not sf.comparisons.empty:
+        pairs = [(i, j)]
+        for r in sf.comparisons.itertuples(index=False):
+            noise = None if not (finite(r.ci_low) and finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
+            ours[("diff", i, j, r.task, r.mode, r.metric)] = {
+                "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
+                "ci_level": getattr(r, "ci_level", None),  # absent from an aggregate older than stats.py
+                "basis": "paired by seed: t-interval at the level of its test"}
+    return {"ours": ours, "pairs": pairs}
+
+
+def our_scale(sf) -> dict:
+    """What we trained: parameters, tokens seen, corpus, model shapes (from the aggregate only).
+
+    Ranges when they vary across runs (a depth study); ratios against a paper use our LARGEST run,
+    so "they used N× our parameters" is never overstated.
+    """
+    runs, configs = sf.runs, sf.study.get("configs") or {}
+    col = lambda c: runs[c].dropna() if c in runs and runs[c].notna().any() else pd.Series(dtype=float)  # noqa: E731
+    params, tokens = col("params"), col("tokens_seen")
+    corpus, shapes = "unknown (no run config in the aggregate)", []
+    for c in configs.values():
+        srcs = (c.get("corpus") or {}).get("sources") or []
+        corpus = " + ".join(s.get("kind", "?") + (f":{Path(s['path']).name}" if s.get("path") else "")
+                            + (f":{s['name']}" if s.get("name") else "") for s in srcs) or corpus
+        m = c.get("model") or {}
+        shape = f"L={m.get('layers')} H={m.get('hidden')} A={m.get('heads')}"
+        if m and shape not in shapes:
+            shapes.append(shape)
+        t, o = c.get("train") or {}, c.get("objective") or {}
+        if tokens.empty and t.get("budget") == "steps" and o.get("max_seq_len"):
+            tokens = pd.Series([t["amount"] * t["batch_size"] * o["max_seq_len"]], dtype=float)
+
+    def rng(x: pd.Series) -> str:
+        if x.empty:
+            return "unknown"
+        lo, hi = x.min(), x.max()
+        return human(hi) if math.isclose(lo, hi, rel_tol=0.01) else f"{human(lo)}–{human(hi)}"
+    return {"params": params.max() if len(params) else None, "tokens": tokens.max() if len(tokens) else None,
+            "params_s": rng(params), "tokens_s": rng(tokens), "corpus": corpus,
+            "model": "; ".join(shapes) if shapes else "shape unknown"}
+
+
+def scale_statement(ours: dict, ref: R.Reference) -> str:
+    sc = ref.scale
+    parts = [f"Ours: {ours['params_s']} parameters ({ours['model']}), {ours['tokens_s']} training "
+             f"tokens, corpus {ours['corpus']}. Theirs: {human(sc.params)} parameters ({sc.model}), "
+             f"{human(sc.train_tokens)} training tokens, {sc.corpus}."]
+    if finite(ours["params"]) and sc.params:
+        parts.append(f"They used {sc.params / ours['params']:,.0f}× the parameters of our largest run")
+        if finite(ours["tokens"]) and sc.train_tokens:
+            parts[-1] += f" and {sc.train_tokens / ours['tokens']:,.0f}× its training tokens"
+        parts[-1] += "; a direction that agrees is weak support, one that disagrees may be a scale effect."
+    if not sc.verified:
+        parts.append(f"(Their scale is partly unverified: {sc.provenance}.)")
+    return " ".join(parts)
+
+
+def reference_sections(sf) -> list[dict]:
+    plan = sf.plan
+    refs = R.for_study(plan.get("kind", "generic"), plan.get("references"))
+    levels, s = _level_dicts(sf)
+    od = _ours_by_level(sf, levels, s) if levels else {"ours": {}, "pairs": None}
+    ours_sc = our_scale(sf)
+    out = []
+    for ref in refs:
+        cmp = R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"]) if levels else \
+            {"rows": [], "confounders": [], "matched": {}, "note": "no finished runs to compare with", "trend": None}
+        rows, unmeasured = [], []
+        for r in cmp["rows"]:
+            o = r["ours"]
+            if o is None:  # listed in one line instead of a table row per column
+                what = f"{r['column']} ({r['task']} {r['metric']})"
+                if what not in unmeasured:
+                    unmeasured.append(what)
+                continue
+            rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
+                         "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
+                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,
+                                              level=o.get("ci_level"))
+                                       if o and o.get("ci_low") is not None else (o or {}).get("basis", "")),
+                         "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh")})
+        v = ref.verification.verified
+        out.append({"ref": ref, "citation": ref.citation, "scale": scale_statement(ours_sc, ref), "rows": rows,
+                    "unmeasured": unmeasured, "trend": cmp.get("trend"),
+                    "verified": {True: "verified", False: "NOT verified", "partial": "partly verified"}[v],
+                    "note": cmp["note"], "confounders": cmp["confounders"],
+                    "matched": {F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
+                                for i, lab in cmp["matched"].items()},
+                    "table_cols": [c.name for c in ref.columns],
+                    "table_rows": [{"label": r.label, "verified": r.verified,
+                                    "cells": [("–" if r.values.get(c.name) is None else str(r.values[c.name]))
+                                              for c in ref.columns]} for r in ref.rows]})
+    return out
