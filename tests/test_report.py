@@ -170,7 +170,9 @@ def test_report_renders_each_kind_self_contained(rendered, kind):
     assert "abc123def" in html and "data123" in html and "torch=2.13.0" in html   # provenance
     assert "RuntimeError: out of memory" in html and "diverged" in html            # failed runs shown
     report = json.loads((out.parent / "report.json").read_text())
-    assert report["answer"] and "95% CI" in report["answer"]
+    # the depth fixture has a run on the plateau: its answer is the floor guard's, without an interval
+    assert report["answer"] and ("95% CI" in report["answer"] if kind != "depth" else
+                                 report["answer"].startswith("not trained past the plateau"))
 
 
 def test_answer_sentence_states_the_paired_difference_with_ci(rendered):
@@ -456,3 +458,14 @@ def test_browser_checker_catches_broken_images_and_network(tmp_path):
     result, _ = _open_in_chromium(page, tmp_path)
     assert result["n"] == 2 and result["widths"] == [0, 0]
     assert any("example.invalid" in c for c in result["csp"])
+
+
+def test_answer_gives_no_direction_from_runs_on_the_plateau(rendered, tmp_path):
+    """The floor guard (issue 21): when a compared run did not learn past the most-frequent-token floor, the
+    answer says so instead of giving a direction; the same study with every run learned keeps its direction."""
+    out, html, study_dir = rendered("depth")
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    assert "not trained past the plateau: 1 of" in answer and "model.layers=4 seed 2" in answer
+    assert "no best level is named" in answer and "best model.layers" not in answer
+    for kind in ("nsp", "replacement"):  # healthy fixtures: a direction (or a verdict), never the guard
+        assert "not trained past the plateau" not in rendered(kind)[1]

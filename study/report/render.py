@@ -139,6 +139,12 @@ def answer_sentence(sf: StudyFiles) -> dict:
         fac = (plan.get("compare") or {}).get("factor", "")
         a, b = ans.get("a"), ans.get("b")
         n = int(ans.get("n") or 0)
+        flat = plateau_runs(sf, fac, (a, b))
+        if flat:
+            return {"text": f"{b} minus {a} ({fac}) on {what}: not trained past the plateau: {len(flat)} of the "
+                            f"compared runs ({', '.join(flat)}) score no better on the reference MLM than always "
+                            f"predicting the most frequent token, so a difference would measure how fast they left "
+                            f"it, not the factor; no direction is claimed.", "kind": "plateau"}
         if n < S.MIN_N or not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
             return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed), so no "
                             f"direction is claimed.", "kind": "paired"}
@@ -150,6 +156,12 @@ def answer_sentence(sf: StudyFiles) -> dict:
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
         return {"text": text + ".", "kind": "paired"}
     s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
+    flat = plateau_runs(sf)
+    if len(s) >= 1 and flat:
+        return {"text": f"not trained past the plateau: {len(flat)} of {len(sf.runs)} runs ({', '.join(flat)}) score "
+                        f"no better on the reference MLM than always predicting the most frequent token, so the "
+                        f"levels' {what} would measure how fast they left it; no best level is named.",
+                "kind": "plateau"}
     if len(s) >= 1:
         lower_better = metric in ("ref_ppl", "ref_mlm_loss") or metric.endswith("loss")
         s = F.with_levels(s, sf.factor_keys, F.run_labels(plan, sf.factor_keys)).sort_values(
@@ -251,6 +263,22 @@ def _collapsed(rec: list[dict]) -> list[dict]:
     """Finished runs whose reference accuracy does not beat always predicting the most frequent token
     (aggregate.learned_beyond_mode; runs.csv reads the flag back as a bool or a string)."""
     return [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"]
+
+
+def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) -> list[str]:
+    """The floor guard: finished runs that did not learn past always predicting the most frequent token
+    (`learned` False in runs.csv), as "label seed k"; with a factor, only those at the given levels of it
+    (the two sides of the primary comparison). A study answered from such runs gets no direction."""
+    if sf.runs.empty:
+        return []
+    bad = {str(x.get("run_hash")) for x in _collapsed(_records(sf.runs))}
+    want = {str(v) for v in levels}
+    out = []
+    for r in sf.plan.get("runs", []):
+        at = r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)
+        if r["run_hash"] in bad and (factor is None or str(at) in want):
+            out.append(f"{r['label']} seed {r['seed']}")
+    return out
 
 
 def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
