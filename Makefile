@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup smoke test test-fast bench clean-results
+.PHONY: setup smoke test test-fast bench bench-dvc clean-results
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The smoke study's report stage: only the smoke study's stages run, whatever else params.yaml selects.
 smoke: $(STAMP)
+	@grep -q '^  report-smoke:' dvc.yaml || { echo "the smoke study is not selected: run 'study select smoke' (params.yaml)"; exit 2; }
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report-smoke
 	@echo "report: reports/smoke/index.html"
 
@@ -34,3 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/data.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/search.py
+
+# DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs (docs/RESULTS.md)
+bench-dvc: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_scale.py
