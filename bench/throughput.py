@@ -4,19 +4,25 @@ Baseline: stock `BertForPreTraining` + `DataCollatorForLanguageModeling` (15% Be
 `transformers.Trainer` (AdamW, linear warmup/decay, clipping, same hyper-parameters), fed the same
 segment_pair/NSP instances our trainer builds, with the same initial weights and thread count.
 Ours: `study.pretrain.trainer.train_run` (sparse MLM head; on CPU dropout masks from whole 64-bit random words,
-impl.dropout_masks), in fp32 and with bf16 autocast (attention kernel per ATTENTION), and once more in the
-headline precision with torch's dropout kernel. bf16 is an implementation setting proven loss-neutral by
-tests/test_model.py::test_bf16_autocast_matches_fp32_curve, so the headline ratio uses it where the CPU
-computes bf16 natively (AVX512-BF16 or AMX; `--precision` overrides).
+impl.dropout_masks), in fp32 and with bf16 autocast (attention kernel per ATTENTION; bf16 is proven
+loss-neutral by tests/test_model.py::test_bf16_autocast_matches_fp32_curve), and once more in the headline
+precision with torch's dropout kernel.
 
 Both are timed over the training loop only (data collation/masking included, evaluation and saving
 not): ours is metrics["time_s"], the baseline is on_train_begin -> on_train_end of a callback.
 Tokens are non-pad tokens. MFU = model_flops_per_token (useful FLOPs: MLM head on predicted positions
-only) x tokens/s / a fp32 matmul peak measured in this process (study.pretrain.evaluate.matmul_peak_flops).
+only) x tokens/s / the matmul peak OF THE PRECISION USED, measured in this process
+(study.pretrain.evaluate.matmul_peak_flops): a bf16 run against an fp32 peak would read above 1.
 
-    .venv/bin/python bench/throughput.py [--steps 30] [--threads N] [--precision best|fp32|bf16]
+The headline compares the two at the SAME precision (`--precision`, fp32 by default; bf16 runs the
+baseline with `TrainingArguments(bf16=True)`): ours in bf16 against the baseline in fp32 would credit our
+trainer with what the CPU's bf16 units do. Ours is also shown in the other precision and with torch's
+dropout kernel, as context, not in the headline.
 
-Last line, exactly: `throughput ratio_a=<x> ratio_b=<y> mfu_b=<z>` (ratio = ours / baseline tokens/s).
+    .venv/bin/python bench/throughput.py [--steps 30] [--threads N] [--precision fp32|bf16]
+
+Last line, exactly: `throughput same_precision ratio_a=<x> ratio_b=<y> mfu_b=<z>` (ratio = ours /
+baseline tokens/s at the same precision; mfu_b = ours on config b against that precision's peak).
 """
 from __future__ import annotations
 
@@ -71,7 +77,7 @@ def ours(cfg, layout) -> dict:
             "tokens": m["tokens_seen"], "seconds": m["time_s"]}
 
 
-def baseline(cfg, prepared, steps: int) -> dict:
+def baseline(cfg, prepared, steps: int, precision: str) -> dict:
     from transformers import (DataCollatorForLanguageModeling, Trainer, TrainerCallback,
                               TrainingArguments)
 
@@ -119,6 +125,7 @@ def baseline(cfg, prepared, steps: int) -> dict:
             warmup_steps=t.warmup, lr_scheduler_type="linear", weight_decay=t.weight_decay,
             adam_beta1=t.beta1, adam_beta2=t.beta2, adam_epsilon=t.eps, max_grad_norm=t.clip,
             logging_steps=5, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+            bf16=precision == "bf16",
             disable_tqdm=True, seed=cfg.seed, remove_unused_columns=False)
         trainer = Trainer(model=model, args=args, train_dataset=feats, data_collator=collate, callbacks=[clock])
         trainer.train()
@@ -134,8 +141,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw"))
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "throughput"))
-    ap.add_argument("--precision", choices=["best", "fp32", "bf16"], default="best",
-                    help="ours in the headline ratio: best = bf16 where the CPU has native bf16, else fp32")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="the precision of BOTH sides of the headline ratio")
     args = ap.parse_args()
     try:
         import accelerate  # noqa: F401 - transformers.Trainer refuses to start without it
@@ -152,37 +159,40 @@ def main() -> int:
     from study.paths import Layout
 
     layout = Layout(root=Path(args.out) / "results")
-    peak = matmul_peak_flops("cpu")
-    print(f"threads {args.threads}; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+    peak = matmul_peak_flops("cpu", dtype=dtype)
+    print(f"threads {args.threads}; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)")
     prepared = prepare_data(run_config("a", args.steps, args.threads, Path(args.corpus)), layout, progress=False)
     print(f"data: vocab {len(prepared.tokenizer)}, train tokens {prepared.split('train').n_tokens:,}")
     native_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    headline = args.precision if args.precision != "best" else ("bf16" if native_bf16 else "fp32")
-    print(f"native bf16 on this CPU: {native_bf16}; headline ratio uses ours in {headline}")
+    print(f"native bf16 on this CPU: {native_bf16}; headline: ours and the baseline both in {args.precision}")
+    other = "bf16" if args.precision == "fp32" else "fp32"
     res = {}
     for name in ("a", "b"):
         ours_by = {}
-        # "+torch-dropout": the headline precision with torch's own dropout mask kernel (bernoulli_), to show
-        # what impl.dropout_masks="bits" (the CPU default) buys
-        for prec in ("fp32", "bf16", f"{headline}+torch-dropout"):
+        # context beside the headline: ours in the other precision, and with torch's own dropout mask kernel
+        # (bernoulli_) to show what impl.dropout_masks="bits" (the CPU default) buys
+        for prec in (args.precision, other, f"{args.precision}+torch-dropout"):
             p, _, masks = prec.partition("+")
             ours_by[prec] = ours(run_config(name, args.steps, args.threads, Path(args.corpus), p,
                                             "torch" if masks else "auto"), layout)
             torch.set_num_threads(args.threads)
         cfg = run_config(name, args.steps, args.threads, Path(args.corpus))
-        b = baseline(cfg, prepared, args.steps)
+        b = baseline(cfg, prepared, args.steps, args.precision)
         fpt = model_flops_per_token(cfg.model, 128, len(prepared.tokenizer), 0.15 * 128, sparse=True)
         b["mfu"] = fpt * b["tokens_per_s"] / peak
-        res[name] = (ours_by[headline], b)
+        res[name] = (ours_by[args.precision], b)
         for prec, o in ours_by.items():
+            same = prec == args.precision
             print(f"config {name} {CONFIGS[name]} ours {prec}: {o['tokens_per_s']:,.0f} tok/s "
-                  f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs fp32 peak {o['mfu']:.3f}), "
-                  f"ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
-        print(f"config {name} baseline: {b['tokens_per_s']:,.0f} tok/s (loss@{b['steps']} {b['loss']:.3f}, "
-              f"mfu {b['mfu']:.3f})", flush=True)
+                  f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs its own precision's peak {o['mfu']:.3f}), "
+                  f"ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}" + ("  <- headline" if same else
+                                                                         "  (not the same precision)"), flush=True)
+        print(f"config {name} baseline {args.precision}: {b['tokens_per_s']:,.0f} tok/s "
+              f"(loss@{b['steps']} {b['loss']:.3f}, mfu {b['mfu']:.3f})", flush=True)
     ra = res["a"][0]["tokens_per_s"] / res["a"][1]["tokens_per_s"]
     rb = res["b"][0]["tokens_per_s"] / res["b"][1]["tokens_per_s"]
-    print(f"throughput ratio_a={ra:.2f} ratio_b={rb:.2f} mfu_b={res['b'][0]['mfu']:.3f}")
+    print(f"throughput same_precision ratio_a={ra:.2f} ratio_b={rb:.2f} mfu_b={res['b'][0]['mfu']:.3f}")
     return 0
 
 
