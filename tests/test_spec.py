@@ -4,8 +4,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 
 from study.cli import main
+from study.errors import StudyError
 from study.config import RunConfig
 from study.studies.spec import load_study
 from study.studies.sync import is_stale
@@ -142,11 +144,20 @@ def test_shipped_specs_validate():
 def test_shipped_profiles_resolve():
     """Every profile of every shipped spec resolves and validates here, so that a bad key in the `gpu`
     profile fails on a laptop, not after someone has rented a GPU. A profile changes every run's hash."""
-    seen = set()
+    seen, absent = set(), set()
     for spec in sorted((REPO / "ablations").glob("*.yaml")):
         plain = {r.run_hash for r in load_study(spec).runs}
         for profile in load_study(spec).spec.profiles:
-            study = load_study(spec, profile)
+            try:
+                study = load_study(spec, profile)
+            except StudyError as exc:
+                # The cpu profiles read ../shared/data, whose file contents enter the run hash: on a
+                # machine without it they cannot resolve, and say so by naming the source. Anything
+                # else is a real error.
+                if SHARED.exists() or "corpus.sources" not in str(exc) or "does not exist" not in str(exc):
+                    raise
+                absent.add(profile)
+                continue
             assert study.runs and study.name == f"{study.spec.name}-{profile}", (spec, profile)
             assert not plain & {r.run_hash for r in study.runs}, (spec, profile)
             seen.add(profile)
@@ -156,7 +167,7 @@ def test_shipped_profiles_resolve():
                     assert {s.kind for s in cfg.corpus.sources} == {"hf"}, (spec, cfg.corpus.sources)
                     assert cfg.finetune.glue_dir == "hub" and cfg.finetune.max_eval_examples is None
                     assert cfg.model.hidden == 512 and cfg.tokenizer.vocab_size == 30522
-    assert {"cpu", "gpu"} <= seen
+    assert {"cpu", "gpu"} <= seen | absent and "gpu" in seen
 
 
 def test_generated_run_list_is_in_sync():
