@@ -199,9 +199,10 @@ def test_two_concurrent_study_runs_train_each_run_once(reference, tmp_path):
     assert fingerprint(root / "results") == reference
 
 
-def test_a_diverged_run_is_reported_and_the_study_finishes(tmp_path):
+def test_a_diverged_run_is_reported_and_the_study_finishes(tmp_path, monkeypatch):
     root = _project(tmp_path / "p")
     from study.studies.spec import load_study
+    monkeypatch.chdir(root)  # the spec's corpus path is relative: read (and fingerprinted) from the project
     victim = load_study(root / "ablations" / "faulty.yaml").runs[0].run_hash
     proc = subprocess.run(["study", "run", "ablations/faulty.yaml", "--quiet"], cwd=root, capture_output=True,
                           text=True, timeout=900, env=_env(STUDY_INJECT_NAN_AT_STEP=f"{victim}:5"))
