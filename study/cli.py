@@ -175,15 +175,15 @@ def _ft_summary(results: list[dict]) -> str:
 
 def cmd_finetune(args) -> int:
     """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline."""
-    from study.downstream.finetune import baseline_key, finetune_baseline, finetune_run
+    from study.downstream.finetune import finetune_baseline, finetune_run
     from study.io import atomic_write_json
     study, layout = _study(args), _layout(args)
     if args.baseline:
         for key in args.baseline:
-            matches = [r for r in study.runs if r.config.finetune.baseline and baseline_key(r.config) == key]
+            matches = [r for r in study.runs if r.config.finetune.baseline and r.config.baseline_key() == key]
             if not matches:
                 raise StudyError(f"no run of this spec has the baseline {key}", field="--baseline",
-                                 allowed=", ".join(sorted({baseline_key(r.config) for r in study.runs})) or "none")
+                                 allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none")
             t0 = time.monotonic()
             res = finetune_baseline(matches[0].config, layout, quiet=args.quiet)
             _progress(f"baseline {key} done in {time.monotonic() - t0:.0f} s: {_ft_summary(res)}  {study.name}")
@@ -204,8 +204,8 @@ def cmd_finetune(args) -> int:
     if not args.run:  # a whole study: its baselines too (dvc.yaml runs them as their own stages)
         seen = set()
         for run in study.runs:
-            if run.config.finetune.baseline and baseline_key(run.config) not in seen:
-                seen.add(baseline_key(run.config))
+            if run.config.finetune.baseline and run.config.baseline_key() not in seen:
+                seen.add(run.config.baseline_key())
                 finetune_baseline(run.config, layout, quiet=args.quiet)
     return 0
 

@@ -67,6 +67,9 @@ class RunDir:
         except (OSError, ValueError, KeyError, TypeError):
             return Status()
 
+    def config(self) -> dict:
+        return _read_dict(self.config_path)
+
     def metrics(self) -> dict:
         return _read_dict(self.metrics_path)
 

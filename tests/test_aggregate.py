@@ -62,7 +62,6 @@ def test_comparisons_one_rule_holm_and_primary(tmp_path):
     """comparisons.csv: the primary row is uncorrected at 95% and marked; the other non-cost rows are one
     Holm family whose interval level matches the adjusted p (interval excludes 0 <=> p_adjusted < 0.05);
     cost rows are descriptive; every row carries the MDE from its own SD of differences."""
-    from scipy import stats
     from study.report import stats as S
     import sys
     from pathlib import Path

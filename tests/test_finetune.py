@@ -16,7 +16,7 @@ import torch
 from study.downstream import finetune as ft_mod
 from study.config import RunConfig
 from study.errors import StudyError
-from study.downstream.finetune import baseline_key, finetune_baseline, finetune_run, result_path
+from study.downstream.finetune import finetune_baseline, finetune_run, result_path
 from study.model.bert import build_model
 from study.paths import Layout
 from study.data.tokenizer import train_tokenizer
@@ -191,7 +191,7 @@ def test_random_baseline(done):
     cfg, layout = done["cfg"], done["layout"]
     small = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"tasks": ["SST-2"], "seeds": [0]})})
     res = finetune_baseline(small, layout, quiet=True)
-    key = baseline_key(cfg)
+    key = cfg.baseline_key()
     assert key.startswith("random-") and [r["init"] for r in res] == ["random", "random"]
     assert {r["mode"] for r in res} == {"finetune", "probe"} and all(r["run_key"] == key for r in res)
     assert result_path(layout, key, "SST-2", small.finetune_hash(), "finetune", 0).is_file()
@@ -234,12 +234,12 @@ def test_baseline_key_depends_on_architecture_vocab_and_seed_only(done):
             else:
                 d[sec] = v
         return RunConfig.model_validate(d)
-    k = baseline_key(cfg)
-    assert baseline_key(with_(objective__sentence="none", objective__format="doc_sentences")) == k
-    assert baseline_key(with_(train__lr=1e-4, masking__unit="whole_word", finetune__lr=1e-5)) == k
-    assert baseline_key(with_(model__hidden=64)) != k
-    assert baseline_key(with_(tokenizer__vocab_size=256)) != k
-    assert baseline_key(with_(seed=1)) != k
+    k = cfg.baseline_key()
+    assert with_(objective__sentence="none", objective__format="doc_sentences").baseline_key() == k
+    assert with_(train__lr=1e-4, masking__unit="whole_word", finetune__lr=1e-5).baseline_key() == k
+    assert with_(model__hidden=64).baseline_key() != k
+    assert with_(tokenizer__vocab_size=256).baseline_key() != k
+    assert with_(seed=1).baseline_key() != k
 
 
 def test_tokenizer_vocab_mismatch_is_a_user_error(tmp_path):

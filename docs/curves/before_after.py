@@ -1,6 +1,6 @@
 """Learning curves of the smoke recipe before and after issue 21, trained side by side (docs/CURVES.md).
 
-    nice .venv/bin/python docs/curves/before_after.py [--results /tmp/curves-results] [--out docs/curves]
+    nice .venv/bin/python docs/curves/before_after.py [--results bench/out/curves-results] [--out docs/curves]
 
 Trains the first run (NSP, seed 0) of each recipe below with an eval every EVERY steps, two processes
 at a time with one thread each, so their seconds are measured under the same load; then writes one CSV
@@ -53,7 +53,7 @@ def one(args: tuple) -> tuple[str, list[dict], str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--results", type=Path, default=Path("/tmp/curves-results"))
+    ap.add_argument("--results", type=Path, default=REPO / "bench" / "out" / "curves-results")  # git-ignored scratch
     ap.add_argument("--out", type=Path, default=HERE)
     args = ap.parse_args()
     jobs = [(label, spec, settings, args.results) for label, (spec, settings) in recipes().items()]

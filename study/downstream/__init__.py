@@ -9,5 +9,5 @@ tasks.py, must not import torch, so `study --help` and spec parsing stay fast.
 """
 from study.lazy import exports
 
-__all__ = ["baseline_key", "finetune_baseline", "finetune_run"]
+__all__ = ["finetune_baseline", "finetune_run"]
 __getattr__ = exports(__name__, {name: "study.downstream.finetune" for name in __all__})

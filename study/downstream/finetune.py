@@ -43,7 +43,6 @@ from study.config import FinetuneConfig, RunConfig
 from study.data.prepare import prepare_data
 from study.data.tokenizer import load_tokenizer
 from study.errors import StudyError
-from study.metrics import MODES  # noqa: F401 - finetune.MODES, defined in study/metrics.py
 from study.io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
 from study.paths import Layout
 from study.provenance import provenance
@@ -63,10 +62,6 @@ PROBE_MAX_ITER = 2000
 
 
 # --------------------------------------------------------------------------- keys and paths
-def baseline_key(cfg: RunConfig) -> str:
-    """Run key of the random-init baseline (RunConfig.baseline_key says what it depends on)."""
-    return cfg.baseline_key()
-
 
 def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
     return layout.finetune_dir(run_key) / task / finetune_hash / f"{mode}-seed{seed}.json"
@@ -109,7 +104,7 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
         model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
         return Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
 
-    return _run_all(cfg, layout, baseline_key(cfg), "random", load, quiet)
+    return _run_all(cfg, layout, cfg.baseline_key(), "random", load, quiet)
 
 
 # --------------------------------------------------------------------------- encoder + tokenizer

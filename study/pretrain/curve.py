@@ -132,7 +132,7 @@ def learning_curve(cfg: RunConfig, layout: Layout, every: int, quiet: bool = Fal
         raise StudyError(
             f"run {run.run_hash} finished without intermediate evals (trained with impl.eval_every=0): its "
             f"history holds only the final eval, so there is no curve to read. Train it again with evals in "
-            f"another results folder (`study --results /tmp/curves curve ...`) or remove {run.path}",
+            f"another results folder (`study --results OTHER_DIR curve ...`) or remove {run.path}",
             field="--run", allowed="a run not yet trained, or one trained with impl.eval_every > 0")
     return Curve(run.run_hash, rows, trained, status, eval_interval(rows))
 

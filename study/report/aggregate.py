@@ -298,9 +298,7 @@ def _run_configs(plan: dict, layout: Layout) -> dict[str, dict]:
     """The semantic config of each run (corpus, model, budget): the report's scale statement needs it."""
     out = {}
     for r in plan["runs"]:
-        p = layout.run_dir(r["run_hash"]) / "config.json"
-        if p.exists():
-            c = read_json(p)
+        if c := RunDir(layout, r["run_hash"]).config():
             out[r["run_hash"]] = {k: c.get(k) for k in ("seed", "corpus", "tokenizer", "objective", "masking",
                                                         "model", "train")}
     return out
@@ -402,9 +400,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
     atomic_write_text(out / "baseline.csv", _csv(base))
     provenance: dict[str, Any] = {}
     for r in plan["runs"]:
-        mp = layout.run_dir(r["run_hash"]) / "meta.json"
-        if mp.exists():
-            m = read_json(mp)
+        if m := RunDir(layout, r["run_hash"]).meta():
             provenance[r["run_hash"]] = {"data_hash": m.get("data_hash"), "device": m.get("device"),
                                          "provenance": m.get("provenance")}
     answer = None

@@ -233,11 +233,10 @@ def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
 def study_finetune_seconds(runs, layout) -> tuple[dict[str, float | None], float | None]:
     """Fine-tuning still to do for a study's runs (per run hash) and their random-init baselines
     (together: runs share them). A None anywhere means some task's size is unknown here."""
-    from study.downstream.finetune import baseline_key
     per_run = {r.run_hash: finetune_seconds(r.config, layout, _todo(r.config, layout, r.run_hash)) for r in runs}
     seen: dict[str, float | None] = {}
     for r in runs:
-        if r.config.finetune.baseline and (key := baseline_key(r.config)) not in seen:
+        if r.config.finetune.baseline and (key := r.config.baseline_key()) not in seen:
             seen[key] = finetune_seconds(r.config, layout, _todo(r.config, layout, key))
     base = None if None in seen.values() else sum(seen.values())
     return per_run, base

@@ -174,7 +174,7 @@ def runs_document(ablations: Path, selection: list[tuple[str, str | None]], sour
             data.setdefault(dh, {"spec": spec, "args": args})
             runs[run.run_hash] = {"label": f"{run.label}:seed{run.seed}", "data": dh}
             if cfg.finetune.baseline:
-                # RunConfig's own key (what finetune.baseline_key returns), so sync never imports torch
+                # RunConfig's own key (RunConfig.baseline_key), so sync never imports torch
                 bases[cfg.baseline_key()] = {"data": dh}
         for key in [*runs, *bases]:
             owners.setdefault(key, name)
