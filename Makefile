@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# The smoke study's report stage: only the smoke study's stages run, whatever else params.yaml selects.
+# The smoke study's stage: only the smoke study runs (and its data and code stamps), whatever else params.yaml selects.
 smoke: $(STAMP)
-	@grep -q '^  report-smoke:' dvc.yaml || { echo "the smoke study is not selected: run 'study select smoke' (params.yaml)"; exit 2; }
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report-smoke
+	@grep -q '^  study-smoke:' dvc.yaml || { echo "the smoke study is not selected: run 'study select smoke' (params.yaml)"; exit 2; }
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro study-smoke
 	@echo "report: reports/smoke/index.html"
 
 test: $(STAMP)
@@ -37,6 +37,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/search.py
 
-# DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs (docs/RESULTS.md)
+# DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs, and
+# `dvc repro --dry` in a fresh clone with every shipped study and profile selected (docs/RESULTS.md)
 bench-dvc: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_scale.py
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_scale.py --shipped

@@ -2,22 +2,27 @@
 with nothing to do, on N generated specs of R runs each, in a temporary git repository.
 
 Each spec is a tiny study (embedded corpus) whose factor levels make its R run hashes its own. After
-`study sync`, every output the pipeline declares is fabricated (a run folder of 6 small files, a
-fine-tune folder, an aggregate, a report) and recorded with `dvc commit -f`, so the pipeline is up to
-date without training; then `dvc status` and `dvc repro` are timed (best of --repeat). This measures
-DVC's bookkeeping (reading dvc.yaml and dvc.lock, hashing each declared output from its state
-database), which is what a no-op pays; real run folders hold more files (model, checkpoints), so the
-hashing part is a lower bound.
+`study sync`, every output the pipeline declares is fabricated and recorded with `dvc commit -f`, so the
+pipeline is up to date without training; every run folder (10 files) and fine-tune folder (4 files) the
+studies have is fabricated too: they are not DVC outputs (study/studies/sync.py), so a no-op must not
+pay for them. Then `dvc status` and `dvc repro` are timed (best of --repeat), wall and CPU (user + sys:
+on a shared machine the steadier number). This measures DVC's bookkeeping (parsing dvc.yaml and
+dvc.lock, hashing each declared dependency and output from its state database, its per-stage lock file),
+which is what a no-op pays.
 
     python bench/dvc_scale.py                       # 50 specs x 20 runs; select 1, then 10, then all 50
     python bench/dvc_scale.py --specs 50 --select 50
+    python bench/dvc_scale.py --shipped             # every shipped spec x profile selected, a fresh clone:
+                                                    # `dvc repro --dry study-<first>` and `dvc status`
 
-The last line is machine-readable: `dvc_noop specs=50 selected=50 runs=1000 repro_s=<x> status_s=<y>`.
+The last line is machine-readable: `dvc_noop specs=50 selected=50 runs=1000 repro_s=<x> status_s=<y> ...`
+(or `dvc_dry studies=<n> runs=<r> dry_s=<x> ...`).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -59,13 +64,19 @@ def sh(cwd: Path, *cmd: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def timed(cwd: Path, repeat: int, *cmd: str) -> tuple[float, str]:
-    best, out = float("inf"), ""
+def timed(cwd: Path, repeat: int, *cmd: str) -> tuple[float, float, str]:
+    """Best wall time of `repeat` runs, the CPU time (user + sys) of that run, and its output. On a shared
+    machine the CPU time is the steadier number: wall time waits for other jobs' turns on the cores."""
+    best, cpu, out = float("inf"), float("inf"), ""
     for _ in range(repeat):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         out = sh(cwd, *cmd)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if wall < best:
+            best, cpu = wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return best, cpu, out
 
 
 def project(root: Path, n_specs: int, runs: int) -> None:
@@ -87,7 +98,9 @@ def project(root: Path, n_specs: int, runs: int) -> None:
 
 
 def fabricate(root: Path) -> int:
-    """Every declared output that is missing, as small files; returns how many outputs there are."""
+    """Every declared output that is missing, as small files, and every run and fine-tune folder the
+    selected studies own (10 and 4 files: not DVC outputs, so a no-op must not read them); returns how
+    many outputs the pipeline declares."""
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     outs = [next(iter(o)) if isinstance(o, dict) else o
             for st in stages.values() for key in ("outs", "metrics") for o in st.get(key, [])]
@@ -100,12 +113,27 @@ def fabricate(root: Path) -> int:
             path.write_text("step,loss\n0,1.0\n" if path.suffix == ".csv" else '{"status": "done"}\n')
             continue
         path.mkdir(parents=True)
-        files = (["config.json", "meta.json", "status.json", "metrics.json", "history.jsonl", "model/weights"]
-                 if out.startswith("results/runs/") else ["result.json"])
-        for f in files:
-            (path / f).parent.mkdir(parents=True, exist_ok=True)
-            (path / f).write_text(f"{out} {f}\n")
+        (path / "result.json").write_text(f"{out}\n")
+    studies = yaml.safe_load((root / "study_runs.yaml").read_text())["studies"]
+    for s in studies.values():
+        for key in [*s["runs"], *s["baselines"]]:
+            folder, files = ((root / "results" / "runs" / key, RUN_FILES) if key in s["runs"] else
+                             (root / "results" / "finetune" / key, FINETUNE_FILES))
+            for f in files:
+                if not (folder / f).exists():
+                    (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / f).write_text(f"{key} {f}\n")
+            if key in s["runs"]:
+                for f in ("metrics", "plots"):  # RunDir.publish's copies, which the loss plots read
+                    copy = root / "results" / f / (f"{key}.json" if f == "metrics" else f"{key}.csv")
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    copy.write_text('{"ref_mlm_acc": 0.1}\n' if f == "metrics" else "step,loss\n0,1.0\n")
     return len(outs)
+
+
+RUN_FILES = ["config.json", "meta.json", "status.json", "metrics.json", "history.jsonl", "events.jsonl",
+             "model/config.json", "model/model.safetensors", "model/tokenizer.json", "model/tokenizer_config.json"]
+FINETUNE_FILES = [f"SST-2/0123456789ab/{m}-seed{k}.json" for m in ("finetune", "probe") for k in (0, 1)]
 
 
 def measure(root: Path, selected: list[str], repeat: int) -> dict:
@@ -117,13 +145,69 @@ def measure(root: Path, selected: list[str], repeat: int) -> dict:
     sh(root, "dvc", "commit", "-f")
     sh(root, "git", "add", "-A")
     sh(root, "git", "commit", "-qm", f"{len(selected)} selected", "--allow-empty")
-    status_s, status = timed(root, repeat, "dvc", "status")
-    repro_s, repro = timed(root, repeat, "dvc", "repro")
+    status_s, status_cpu, status = timed(root, repeat, "dvc", "status")
+    repro_s, repro_cpu, repro = timed(root, repeat, "dvc", "repro")
     if "up to date" not in status or "Running stage" in repro:
         raise SystemExit(f"not a no-op:\n{status[-1500:]}\n{repro[-1500:]}")
     stages = len(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
-    return {"selected": len(selected), "stages": stages, "outs": n_outs, "sync_s": sync_s,
-            "status_s": status_s, "repro_s": repro_s}
+    lines = sum(len((root / f).read_text().splitlines()) for f in ("dvc.yaml", "dvc.lock"))
+    return {"selected": len(selected), "stages": stages, "outs": n_outs, "lines": lines, "sync_s": sync_s,
+            "status_s": status_s, "status_cpu": status_cpu, "repro_s": repro_s, "repro_cpu": repro_cpu}
+
+
+def shipped(tmp: Path, repeat: int) -> None:
+    """Every shipped spec at its default scale and every profile selected, synced and committed; then in a
+    fresh clone (no dvc.lock, no results) `dvc repro --dry` of the first study's stage, and `dvc status`.
+    The cpu profiles read ../shared/data: a `shared` link beside the project points at the repository's."""
+    if (REPO.parent / "shared").is_dir():
+        (tmp / "shared").symlink_to(REPO.parent / "shared")
+    root = tmp / "proj"
+    root.mkdir()
+    shutil.copytree(REPO / "study", root / "study", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "ablations", root / "ablations")
+    shutil.copy(REPO / ".dvcignore", root / ".dvcignore")
+    (root / ".gitignore").write_text("/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n")
+    sys.path.insert(0, str(REPO))
+    from study.errors import StudyError
+    from study.studies.spec import load_study
+    selected, skipped = [], []
+    cwd = os.getcwd()
+    os.chdir(root)  # profiles name corpus paths relative to the project
+    try:
+        for spec in sorted((root / "ablations").glob("*.yaml")):
+            for profile in [None, *load_study(spec).spec.profiles]:
+                entry = f"{spec.stem}@{profile}" if profile else spec.stem
+                try:
+                    load_study(spec, profile=profile)
+                    selected.append(entry)
+                except StudyError as exc:
+                    skipped.append(f"{entry} ({str(exc).splitlines()[0][:80]})")
+    finally:
+        os.chdir(cwd)
+    (root / "params.yaml").write_text(yaml.safe_dump({"studies": selected}))
+    sh(root, "git", "init", "-q")
+    sh(root, "dvc", "init", "-q")
+    sh(root, "dvc", "config", "core.analytics", "false")
+    sh(root, "dvc", "config", "core.check_update", "false")
+    sh(root, "study", "sync")
+    sh(root, "git", "add", "-A")
+    sh(root, "git", "commit", "-qm", "every study")
+    clone = tmp / "clone"
+    sh(tmp, "git", "clone", "-q", str(root), str(clone))
+    doc = yaml.safe_load((clone / "study_runs.yaml").read_text())
+    target = f"study-{next(iter(doc['studies']))}"
+    runs = sum(len(s["runs"]) for s in doc["studies"].values())
+    stages = len(yaml.safe_load((clone / "dvc.yaml").read_text())["stages"])
+    dry_s, dry_cpu, out = timed(clone, repeat, "dvc", "repro", "--dry", target)
+    if f"Running stage '{target}'" not in out:
+        raise SystemExit(f"dvc repro --dry {target} did not plan the stage:\n{out[-2000:]}")
+    status_s, status_cpu, _ = timed(clone, repeat, "dvc", "status")
+    print(f"{len(selected)} studies selected ({runs} runs, {stages} stages); skipped: {', '.join(skipped) or 'none'}")
+    print(f"fresh clone: dvc repro --dry {target} {dry_s:.2f} s (cpu {dry_cpu:.2f}); "
+          f"dvc status {status_s:.2f} s (cpu {status_cpu:.2f}); load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
+    print(f"dvc_dry studies={len(selected)} runs={runs} dry_s={dry_s:.2f} dry_cpu_s={dry_cpu:.2f} "
+          f"status_s={status_s:.2f} status_cpu_s={status_cpu:.2f}")
 
 
 def main() -> None:
@@ -133,21 +217,33 @@ def main() -> None:
     ap.add_argument("--select", type=int, action="append", help="how many specs to select (repeatable; "
                     "default 1, 10 and all)")
     ap.add_argument("--repeat", type=int, default=3, help="timings are the best of this many")
+    ap.add_argument("--keep", metavar="DIR", help="build the repository in DIR (new) and keep it, e.g. to profile "
+                    "`python -m cProfile -m dvc status` in it")
+    ap.add_argument("--shipped", action="store_true", help="instead: every shipped spec and profile selected, "
+                    "`dvc repro --dry` in a fresh clone")
     a = ap.parse_args()
+    if a.shipped:
+        with tempfile.TemporaryDirectory(prefix="dvc_dry-") as tmp:
+            shipped(Path(tmp), a.repeat)
+        return
     counts = a.select or sorted({1, min(10, a.specs), a.specs})
     with tempfile.TemporaryDirectory(prefix="dvc_scale-") as tmp:
-        root = Path(tmp) / "proj"
-        root.mkdir()
+        root = Path(a.keep) if a.keep else Path(tmp) / "proj"
+        root.mkdir(parents=True)
         project(root, a.specs, a.runs)
         print(f"{a.specs} specs x {a.runs} runs in ablations/; no-op timings, best of {a.repeat}")
-        print(f"{'selected':>8} {'runs':>5} {'stages':>6} {'outs':>5} {'sync_s':>7} {'status_s':>8} {'repro_s':>7}")
+        print(f"{'selected':>8} {'runs':>5} {'stages':>6} {'outs':>5} {'yaml+lock lines':>15} {'sync_s':>7} "
+              f"{'status_s (cpu)':>15} {'repro_s (cpu)':>14}")
         r = {}
         for n in counts:
             r = measure(root, [f"s{i:02d}" for i in range(n)], a.repeat)
-            print(f"{n:>8} {n * a.runs:>5} {r['stages']:>6} {r['outs']:>5} {r['sync_s']:>7.2f} "
-                  f"{r['status_s']:>8.2f} {r['repro_s']:>7.2f}", flush=True)
+            print(f"{n:>8} {n * a.runs:>5} {r['stages']:>6} {r['outs']:>5} {r['lines']:>15} {r['sync_s']:>7.2f} "
+                  f"{r['status_s']:>7.2f} ({r['status_cpu']:.2f}) {r['repro_s']:>7.2f} ({r['repro_cpu']:.2f})",
+                  flush=True)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"dvc_noop specs={a.specs} selected={r['selected']} runs={r['selected'] * a.runs} "
-          f"repro_s={r['repro_s']:.2f} status_s={r['status_s']:.2f}")
+          f"repro_s={r['repro_s']:.2f} status_s={r['status_s']:.2f} repro_cpu_s={r['repro_cpu']:.2f} "
+          f"status_cpu_s={r['status_cpu']:.2f}")
 
 
 if __name__ == "__main__":

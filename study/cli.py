@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from study.errors import EXIT_DIVERGED, EXIT_USAGE, Diverged, StudyError
+from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
 from study.paths import Layout
 from study.rundir import RunDir
 
@@ -135,21 +135,39 @@ def cmd_prepare(args) -> int:
 def cmd_pretrain(args) -> int:
     """Train the study's runs. A failed or diverged run is recorded and the others go on;
     the exit status says what happened (0 all done, 3 a run diverged, 1 a run failed) unless
-    --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report."""
-    from study.pretrain.trainer import train_run
+    --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report.
+    --jobs N trains N runs side by side, one process each (study/parallel.py)."""
+    from study.parallel import run_all, with_threads
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
-    worst = 0
-    for i, run in enumerate(runs, 1):
-        rd = RunDir(layout, run.run_hash)
-        t0 = time.monotonic()
-        # train_run holds a per-run lock: a second `study run` of the same spec waits, then reuses
-        code = _guarded(rd, lambda: train_run(run.config, layout, quiet=args.quiet), run.label)
+    jobs = getattr(args, "jobs", 1)
+    items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
+    worst, t0 = 0, time.monotonic()
+    for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):
         worst = max(worst, code)
+        rd = RunDir(layout, run.run_hash)
         rd.publish()  # metrics and loss-curve copies for `dvc metrics/plots show`
-        _progress(f"pretrain {i}/{len(runs)} {run.run_hash} {rd.status().status} in {time.monotonic() - t0:.0f} s, "
-                  f"ref acc {_pct(rd.metrics().get('ref_mlm_acc'))}  {run.label} seed{run.seed}")
+        _progress(f"pretrain {i}/{len(runs)} {run.run_hash} {rd.status().status} in {seconds:.0f} s, "
+                  f"ref acc {_pct(rd.metrics().get('ref_mlm_acc'))}  {run.label} seed{run.seed}"
+                  + (f" ({time.monotonic() - t0:.0f} s since start, {jobs} jobs)" if jobs > 1 else ""))
     return 0 if args.keep_going else worst
+
+
+def pretrain_one(cfg, layout: Layout, quiet: bool, label: str) -> tuple[int, float]:
+    """One run, in this process or a --jobs worker: (exit code, seconds)."""
+    from study.pretrain.trainer import train_run
+    t0 = time.monotonic()
+    # train_run holds a per-run lock: a second `study run` of the same spec waits, then reuses
+    code = _guarded(RunDir(layout, cfg.run_hash()), lambda: train_run(cfg, layout, quiet=quiet), label)
+    return code, time.monotonic() - t0
+
+
+def finetune_one(kind: str, cfg, layout: Layout, quiet: bool) -> tuple[list[dict], float]:
+    """Fine-tune one run's model ("run") or its random-init baseline ("baseline"): (results, seconds)."""
+    from study.downstream.finetune import finetune_baseline, finetune_run
+    t0 = time.monotonic()
+    fn = finetune_run if kind == "run" else finetune_baseline
+    return fn(cfg, layout, quiet=quiet), time.monotonic() - t0
 
 
 def _progress(line: str) -> None:
@@ -174,39 +192,41 @@ def _ft_summary(results: list[dict]) -> str:
 
 
 def cmd_finetune(args) -> int:
-    """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline."""
-    from study.downstream.finetune import finetune_baseline, finetune_run
+    """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline.
+    --jobs N fine-tunes N models side by side, one process each (study/parallel.py)."""
     from study.io import atomic_write_json
+    from study.parallel import run_all, with_threads
     study, layout = _study(args), _layout(args)
+    jobs = getattr(args, "jobs", 1)
+    items = []  # (progress label, (kind, config, layout, quiet))
     if args.baseline:
         for key in args.baseline:
             matches = [r for r in study.runs if r.config.finetune.baseline and r.config.baseline_key() == key]
             if not matches:
                 raise StudyError(f"no run of this spec has the baseline {key}", field="--baseline",
                                  allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none")
-            t0 = time.monotonic()
-            res = finetune_baseline(matches[0].config, layout, quiet=args.quiet)
-            _progress(f"baseline {key} done in {time.monotonic() - t0:.0f} s: {_ft_summary(res)}  {study.name}")
-        return 0
-    runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
-    for i, run in enumerate(runs, 1):
-        status = run.status(layout)
-        if status != "done":
-            # the folder must exist for DVC (a declared output); the reason is kept in it
-            atomic_write_json(layout.finetune_dir(run.run_hash) / "skipped.json",
-                              {"run_key": run.run_hash, "skipped": f"pre-training is {status}"})
-            print(f"skip fine-tuning {run.label}: pre-training is {status}", file=sys.stderr)
-            continue
-        t0 = time.monotonic()
-        res = finetune_run(run.config, layout, quiet=args.quiet)  # locks per task itself
-        _progress(f"finetune {i}/{len(runs)} {run.run_hash} done in {time.monotonic() - t0:.0f} s: "
-                  f"{_ft_summary(res)}  {run.label} seed{run.seed} ({study.name} recipe)")
-    if not args.run:  # a whole study: its baselines too (dvc.yaml runs them as their own stages)
-        seen = set()
-        for run in study.runs:
-            if run.config.finetune.baseline and run.config.baseline_key() not in seen:
-                seen.add(run.config.baseline_key())
-                finetune_baseline(run.config, layout, quiet=args.quiet)
+            items.append((f"baseline {key}", ("baseline", with_threads(matches[0].config, jobs), layout, args.quiet)))
+    else:
+        runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
+        for run in runs:
+            status = run.status(layout)
+            if status != "done":
+                # the folder must exist for DVC (a declared output); the reason is kept in it
+                atomic_write_json(layout.finetune_dir(run.run_hash) / "skipped.json",
+                                  {"run_key": run.run_hash, "skipped": f"pre-training is {status}"})
+                print(f"skip fine-tuning {run.label}: pre-training is {status}", file=sys.stderr)
+                continue
+            items.append((f"finetune {run.run_hash} {run.label} seed{run.seed}",
+                          ("run", with_threads(run.config, jobs), layout, args.quiet)))
+        if not args.run:  # a whole study: its baselines too (dvc.yaml runs them as their own stages)
+            seen = set()
+            for run in study.runs:
+                if run.config.finetune.baseline and run.config.baseline_key() not in seen:
+                    seen.add(run.config.baseline_key())
+                    items.append((f"baseline {run.config.baseline_key()}",
+                                  ("baseline", with_threads(run.config, jobs), layout, args.quiet)))
+    for i, (label, (res, seconds)) in enumerate(run_all(finetune_one, items, jobs), 1):
+        _progress(f"{label} ({i}/{len(items)}) done in {seconds:.0f} s: {_ft_summary(res)}  ({study.name} recipe)")
     return 0
 
 
@@ -250,8 +270,8 @@ def cmd_rescore(args) -> int:
         print(f"{run.run_hash}  {what}; stored scores reproduced ({moved or 'exactly'})  {run.label}")
     if added:
         print("next: `study aggregate` and `study report` (or `study run`, which reuses every finished run); "
-              "under DVC, `dvc commit -f pretrain finetune` first: it records the changed run folders, whose "
-              "weights did not change, instead of re-running their stages; then `dvc repro` re-aggregates")
+              "under DVC, `dvc repro -f -s study-<name>`: run folders are not DVC outputs, so DVC does not see "
+              "the rescore; the forced stage retrains nothing (every run is finished) and re-aggregates")
     return 1 if failed else 0
 
 
@@ -302,7 +322,10 @@ def cmd_curve(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from study.studies.sync import SELECTION_FILE, write_runs_file
+    from study.studies.sync import SELECTION_FILE, stamp, write_runs_file
+    if args.stamp:  # the last command of a dvc.yaml stage: its manifest (study/studies/sync.py)
+        print(stamp(args.stamp, Path(args.out), Path(args.results), args.of))
+        return 0
     changed = write_runs_file(Path(args.ablations), Path(args.out))
     print(f"{args.out} and dvc.yaml for the studies selected in {SELECTION_FILE}: "
           f"{'updated' if changed else 'up to date'}")
@@ -351,15 +374,18 @@ def build_parser() -> argparse.ArgumentParser:
              ).add_argument("--samples", type=int, default=3)
     spec_cmd("prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run").add_argument(
         "--data", action="append", help="only this data hash (repeatable; dvc.yaml's data stages)")
-    spec_cmd("pretrain", cmd_pretrain, "pre-train the study's runs (or --run HASH)", runs=True).add_argument(
-        "--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)")
-    spec_cmd("finetune", cmd_finetune, "fine-tune and probe the study's finished runs", runs=True).add_argument(
-        "--baseline", action="append", help="only the random-init baseline with this key (repeatable)")
+    pre = spec_cmd("pretrain", cmd_pretrain, "pre-train the study's runs (or --run HASH)", runs=True)
+    pre.add_argument("--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)")
+    ft = spec_cmd("finetune", cmd_finetune, "fine-tune and probe the study's finished runs", runs=True)
+    ft.add_argument("--baseline", action="append", help="only the random-init baseline with this key (repeatable)")
     spec_cmd("rescore", cmd_rescore, "score finished runs again on the fixed reference; add the metrics "
              "fields they lack (e.g. ref_mode_acc); exit 1 if stored scores do not reproduce", runs=True)
     spec_cmd("aggregate", cmd_aggregate, "build the study's tidy tables from its run folders")
     spec_cmd("report", cmd_report, "render the study's HTML report from its aggregate")
-    spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)
+    run = spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)
+    for sp in (pre, ft, run):
+        sp.add_argument("--jobs", type=int, default=1, help="runs trained / fine-tuned side by side, one process "
+                        "each with cores/N threads (speed only: the run hashes are unchanged; default 1)")
     c = spec_cmd("curve", cmd_curve, "learning curve of one run: reference MLM accuracy/loss vs tokens and "
                  "seconds, evals every K steps (same run folder as the study's); CSV + PNG in results/curves/")
     c.add_argument("--run", help="the run's hash or label (default: the spec's first run)")
@@ -367,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sync", help=f"regenerate {RUNS_FILE} and dvc.yaml from the specs")
     s.add_argument("--ablations", default="ablations")
     s.add_argument("--out", default=str(RUNS_FILE))
+    s.add_argument("--stamp", metavar="STAGE", help="(dvc.yaml) write pipeline/STAGE.json, the digest of what the "
+                   "stage wrote, instead of syncing")
+    s.add_argument("--of", metavar="HASH", help="(dvc.yaml, with --stamp) what sync generated the stage for")
     s.set_defaults(fn=cmd_sync)
     for name, help_ in (("select", "add a study (spec [at a profile]) to params.yaml's active studies, then sync"),
                         ("deselect", "remove a study from the active studies, then sync (its results stay)")):
@@ -388,3 +417,6 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as exc:  # SIGTERM: the run checkpointed and stays pending; the next command resumes it
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -156,6 +156,12 @@ class MaskingConfig(Strict):
     span_p: float = Field(default=0.2, gt=0, le=1)
     span_max: int = Field(default=10, ge=1)
     dynamic: bool = True  # fresh masks per epoch; False = static masks, dupe_factor copies
+    # The random function that draws the masks (study/data/masking.py): the same rule, other masks, so it
+    # is hashed, always (never left out of the dump), and a folder trained before this field existed is
+    # never resumed with other masks. counter: a hash of (seed, instance, epoch, position) in int64 torch
+    # ops (study/data/counter.py), bitwise the same on CPU and CUDA, made where the instances live. numpy:
+    # one torch generator per row seeded by numpy's SeedSequence, the masks of every earlier run.
+    generator: Literal["counter", "numpy"] = "counter"
 
     @model_validator(mode="after")
     def _sum_to_one(self) -> "MaskingConfig":
@@ -176,6 +182,10 @@ class ModelConfig(Strict):
     attention_dropout: float = Field(default=0.1, ge=0, lt=1)
     max_positions: int = Field(default=512, ge=8)
     init_range: float = Field(default=0.02, gt=0)
+    # Where the LayerNorms sit. post_ln: BERT (HF BertForPreTraining); pre_ln: a LayerNorm before attention and
+    # FFN and one after the last layer (HF RobertaPreLayerNorm*, study/model/preln.py), as cramming trains.
+    # The default is left out of the dump, so every post-LN run keeps the run hash it had before this field.
+    arch: Literal["post_ln", "pre_ln"] = Field(default="post_ln", exclude_if=lambda v: v == "post_ln")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -231,6 +241,10 @@ class FinetuneConfig(Strict):
     probe: bool = True          # feature-based probe on the frozen encoder too
     probe_layers: int = Field(default=1, ge=1)  # concatenate the last k layers' [CLS]
     baseline: bool = True       # random-init model, same recipe
+    # Length-grouped batches (HF's group_by_length): each run of k batches of an epoch's shuffle sorted by row
+    # length, longest first, so a batch pads less. The same rows per epoch, other batches: semantic, hence
+    # hashed; 0 (off, random batches) is left out of the dump so existing recipes keep their finetune_hash.
+    length_groups: int = Field(default=0, ge=0, exclude_if=lambda v: v == 0)
 
 
 class ImplConfig(Strict):
@@ -240,7 +254,14 @@ class ImplConfig(Strict):
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere
     sparse_head: bool = True
     attention: Literal["eager", "sdpa"] = "eager"
+    # torch.compile of the training step's encoder (model.bert) with static shapes: needs pad_to="max"
+    # (one shape per run, so one graph); evaluation stays eager. Loss-neutral within float rounding
+    # without dropout (tests/test_train.py, slow); with dropout the compiled kernels draw another stream.
     compile: bool = False
+    # "batch": each micro-batch trimmed to its longest row (fewest positions computed). "max": every batch
+    # padded to objective.max_seq_len (static shapes for torch.compile / CUDA graphs; padding is masked out
+    # of attention and loss, so the loss is the same within float rounding, tests/test_train.py).
+    pad_to: Literal["batch", "max"] = "batch"
     # One fused AdamW kernel (and one foreach gradient-norm) instead of a loop over parameter tensors:
     # transformers' Trainer default too. The same update within float rounding (tests/test_train.py).
     fused_optimizer: bool = True
@@ -252,10 +273,30 @@ class ImplConfig(Strict):
     dropout_masks: Literal["auto", "torch", "bits"] = "auto"
     threads: int | None = Field(default=None, ge=1)
     workers: int = Field(default=0, ge=0)
+    # Steps per history line; also the one host<->device sync of the training loop (losses, grad norms and
+    # the divergence check are read then), so a non-finite loss stops the run within log_every steps.
     log_every: int = Field(default=10, ge=1)
     eval_every: int = Field(default=0, ge=0)  # 0: only at the end
-    checkpoint_every: int = Field(default=50, ge=1)
+    # Checkpoints: every `checkpoint_every` steps (None: no step rule) and whenever `checkpoint_minutes` of
+    # wall time passed since the last one (0: no time rule), whichever comes first; always at the end and on
+    # SIGTERM. Under DDP the time rule and SIGTERM act at the next log step, where the ranks agree.
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    checkpoint_minutes: float = Field(default=10.0, ge=0)
     progress: bool = True
+    # Fine-tune all of a task's seeds as one stacked model (torch.func vmap, study/downstream/batched.py): one
+    # step of K x batch rows instead of K steps. Each seed keeps its head init, batches, AdamW and clipping;
+    # without dropout (model.dropout and attention_dropout 0) the same results within float rounding
+    # (tests/test_finetune_batched.py). With dropout, each seed's masks come from its own generator (seeded by
+    # seed and step): another random stream than the sequential loop's, like dropout_masks. Off by default and
+    # in every shipped profile (the gpu profile trains with dropout 0.1).
+    finetune_batched_seeds: bool = False
+
+    @model_validator(mode="after")
+    def _static_shapes(self) -> "ImplConfig":
+        if self.compile and self.pad_to != "max":
+            raise cross_field_error("impl.compile", "torch.compile needs static shapes: set impl.pad_to to max",
+                                    "false, or true with impl.pad_to=max")
+        return self
 
 
 SEMANTIC_SECTIONS = ("corpus", "tokenizer", "objective", "masking", "model", "train")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 EXIT_USAGE = 2       # bad spec / bad input: nothing was computed or written
 EXIT_DIVERGED = 3    # a run hit a non-finite loss and was marked `diverged`
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: a run checkpointed and stopped on SIGTERM; it resumes (no status written)
 
 
 class StudyError(Exception):
@@ -35,3 +36,12 @@ class Diverged(Exception):
     def __init__(self, step: int, loss: float):
         self.step, self.loss = step, loss
         super().__init__(f"non-finite loss {loss} at step {step}")
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGTERM after checkpointing `step`: resumable, no status written. A KeyboardInterrupt
+    (as Ctrl-C), so code that records failures with `except Exception` lets it through unrecorded."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"interrupted by SIGTERM at step {step}; checkpoint written, the run resumes from it")

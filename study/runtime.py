@@ -19,7 +19,7 @@ here, so a plan times what a run will do and a fine-tune runs where its pre-trai
   fine-tuning classifier on its encoder) the three rules give the same partition in the same order
   (tests/test_model.py), so results are bitwise those of either old rule. The ndim rule is the one
   kept because it does not depend on transformers' parameter names.
-- transformers_quiet() / load_pretrained(): transformers' own progress bars ("Loading weights",
+- transformers_quiet(): transformers' own progress bars ("Loading weights",
   "Writing model shards") off for a block and the caller's setting restored after.
 """
 from __future__ import annotations
@@ -27,11 +27,9 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, ContextManager, Iterator
 
 import torch
-from transformers import BertForPreTraining
 from transformers.utils import logging as hf_logging
 
 from study.config import ImplConfig
@@ -193,10 +191,3 @@ def transformers_quiet(quiet: bool = True) -> Iterator[None]:
     finally:
         if quiet and was:
             hf_logging.enable_progress_bar()
-
-
-def load_pretrained(model_dir: Path | str, attention: str, quiet: bool = True) -> BertForPreTraining:
-    """A saved run's model (CPU). The full pre-training class: loading BertModel alone would report the
-    MLM/NSP heads as "unexpected keys" on every call; fine-tuning keeps `.bert`."""
-    with transformers_quiet(quiet):
-        return BertForPreTraining.from_pretrained(str(model_dir), attn_implementation=attention)

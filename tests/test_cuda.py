@@ -1,5 +1,6 @@
 """The CUDA code paths: the speed settings stay loss-neutral on a GPU, bf16 autocast tracks fp32, a run
-resumes, fine-tuning trains, `study plan` times on the GPU, and a checkpoint trained there loads on a CPU.
+resumes, fine-tuning trains, `study plan` times on the GPU, a checkpoint trained there loads on a CPU, and
+masks and batches made on the GPU are the CPU's bit for bit.
 
 CI has no GPU, so every test here is skipped there (the CPU versions of these checks live in
 test_model.py, test_train.py and test_finetune.py). bench/gpu_check.sh runs this file on a GPU machine.
@@ -25,6 +26,7 @@ from test_model import CFG, VOCAB, batch, sparse_and_full  # noqa: E402
 from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cfg, weights  # noqa: E402,F401
 
 from study.config import ImplConfig, RunConfig  # noqa: E402
+from study.data.batches import Batches  # noqa: E402
 from study.model.bert import build_model, pretraining_loss  # noqa: E402
 from study.pretrain.trainer import train_run  # noqa: E402
 
@@ -180,3 +182,54 @@ def test_checkpoint_trained_on_cuda_loads_on_cpu(corpus, layout):
     assert next(model.parameters()).device.type == "cpu"
     ids = torch.tensor([[2, 10, 11, 4, 3]])
     assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+# --------------------------------------------------------------------------- masks and batches made on the GPU
+@pytest.mark.parametrize("unit", ["token", "whole_word", "span"])
+def test_masks_on_cuda_equal_the_cpu_bitwise(unit, record):
+    """masking.generator "counter" (the default) on CUDA rows, keyed by a CUDA tensor: the CPU's masks, bit
+    for bit, in every count mode, with and without max_predictions; "numpy" too (drawn on the host)."""
+    from test_masking import SP, _batch
+    from study.config import MaskingConfig
+    from study.data.masking import mask_rows, mask_units, reference_masking
+    ids = torch.cat([_batch(b=128, seed=s) for s in range(4)])          # 512 rows of 128
+    ids[7, 1:] = SP.pad                                                  # a row with nothing to mask
+    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    keys = torch.stack([torch.full((512,), 3), torch.arange(10_000, 10_512), torch.full((512,), 2)], 1)
+    diffs = {}
+    for generator in ("counter", "numpy"):
+        for count, cap, rate in (("exact", None, 0.15), ("bernoulli", None, 0.3), ("exact", 9, 0.5)):
+            cfg = MaskingConfig(unit=unit, count=count, max_predictions=cap, rate=rate, generator=generator)
+            cpu = mask_rows(ids, cfg, SP, cont, keys)
+            gpu = mask_rows(ids.to(CUDA), cfg, SP, cont.to(CUDA), keys.to(CUDA))
+            assert all(t.device.type == "cuda" for t in gpu)
+            diffs[f"{generator}-{count}-{cap}"] = sum(int((a != b.cpu()).sum()) for a, b in zip(cpu, gpu))
+            g = mask_units(ids.to(CUDA), cfg, SP, cont, torch.Generator().manual_seed(1))
+            c = mask_units(ids, cfg, SP, cont, torch.Generator().manual_seed(1))
+            assert all(torch.equal(a, b.cpu()) for a, b in zip(c, g)), (generator, count, cap)
+    ref_cpu = reference_masking(ids, SP, torch.arange(512))
+    ref_gpu = reference_masking(ids.to(CUDA), SP, torch.arange(512))
+    record(unit=unit, differing_elements=diffs)
+    assert all(v == 0 for v in diffs.values()), diffs
+    assert torch.equal(ref_cpu[0], ref_gpu[0].cpu()) and torch.equal(ref_cpu[1], ref_gpu[1].cpu())
+
+
+@pytest.mark.parametrize("unit", ["token", "span"])
+def test_batches_made_on_cuda_equal_the_cpu_bitwise(unit):
+    """Batches(device=cuda): the epoch's instances live on the GPU as one tensor per field, a batch is
+    gathered and masked there, and every micro-batch equals the CPU's bit for bit (any rank split)."""
+    from test_batches import cfg_of, fake_prepared, rows, same
+    prepared = fake_prepared()
+    for world, accum in ((1, 1), (2, 2)):
+        cfg = cfg_of(masking__unit=unit, train__grad_accum=accum)
+        for rank in range(world):
+            cpu = Batches(cfg, prepared, rank, world)
+            gpu = Batches(cfg, prepared, rank, world, device=CUDA)
+            assert gpu._epoch(0).input_ids.device.type == "cuda"
+            for pos in ((0, 0), (0, 5), (1, 1)):
+                a, b = cpu.make(*pos), gpu.make(*pos)
+                assert a["tokens"] == b["tokens"]
+                assert all(t.device.type == "cuda" for p in b["parts"] for t in p["tensors"].values())
+                assert [{k: v for k, v in p.items() if k != "tensors"} for p in a["parts"]] == \
+                       [{k: v for k, v in p.items() if k != "tensors"} for p in b["parts"]]
+                assert same(rows(a), rows(b))

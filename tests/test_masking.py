@@ -2,24 +2,29 @@
 
 Statistics run on >= 1M real tokens (14 Gutenberg books, tokenizer trained here, cut into
 doc_sentences rows of 128): tolerances are the brief's (rate +-0.2 pp, split +-1 pp, mean span
-length +-5% of the exact clipped-geometric mean). Synthetic batches check the mechanics.
+length +-5% of the exact clipped-geometric mean), on the default generator ("counter"). Synthetic
+batches check the mechanics on both generators; the counter function is checked against a pure-Python
+uint64 SplitMix64, and both generators' masks are pinned by digests (CPU against CUDA: test_cuda.py).
 """
 from __future__ import annotations
 
+import hashlib
 import time
 
 import numpy as np
 import pytest
 import torch
 
-from study.config import MaskingConfig, ObjectiveConfig
+from study.config import MaskingConfig, ObjectiveConfig, RunConfig
+from study.data import counter
 from study.errors import StudyError
 from study.data.masking import (_non_special_table, mask_rows, mask_tokens, mask_units, reference_masking,
-                           select_units)
+                                select_units)
 from study.data.tokens import SpecialIds
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
+GENERATORS = ["counter", "numpy"]
 
 @pytest.fixture(scope="session")
 def rows(real):
@@ -102,11 +107,12 @@ def test_random_table_is_the_non_special_vocab():
     assert len(t) == SP.vocab_size - 5 and not torch.isin(t, torch.tensor(SP.all)).any()
 
 
-def test_seed_determinism():
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_seed_determinism(generator):
     ids = _batch()
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
-        cfg = MaskingConfig(unit=unit)
+        cfg = MaskingConfig(unit=unit, generator=generator)
         a = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
         b = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
         c = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(1))
@@ -132,12 +138,13 @@ def test_reference_independent_of_batching():
         assert torch.equal(full[1][perm], part[1]) and torch.equal(full[0][perm], part[0])
 
 
-def test_max_predictions_is_a_hard_cap():
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_max_predictions_is_a_hard_cap(generator):
     ids = _batch()
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
-            cfg = MaskingConfig(rate=0.5, unit=unit, count=count, max_predictions=7)
+            cfg = MaskingConfig(rate=0.5, unit=unit, count=count, max_predictions=7, generator=generator)
             _, lab = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
             per_row = (lab != -100).sum(1)
             assert per_row.max() <= 7 and per_row.float().mean() > 5, (unit, count)
@@ -148,14 +155,15 @@ def test_whole_word_needs_continuation_mask():
         mask_tokens(_batch(), MaskingConfig(unit="whole_word"), SP, None, torch.Generator().manual_seed(0))
 
 
-def test_input_not_modified_and_rows_without_maskable_tokens():
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_input_not_modified_and_rows_without_maskable_tokens(generator):
     ids = _batch()
     ids[3, 1:] = SP.pad
     before = ids.clone()
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
-            inp, lab = mask_tokens(ids, MaskingConfig(unit=unit, count=count), SP, cont,
+            inp, lab = mask_tokens(ids, MaskingConfig(unit=unit, count=count, generator=generator), SP, cont,
                                    torch.Generator().manual_seed(0))
             assert torch.equal(ids, before) and (lab[3] == -100).all() and torch.equal(inp[3], ids[3])
 
@@ -252,7 +260,7 @@ def test_span_rates_real(rows, count):
 
 
 def test_speed_32x128(rows):
-    """CPU time per training batch (mask_rows, 32 x 128, per-row generators)."""
+    """CPU time per training batch (mask_rows, 32 x 128, the default generator)."""
     ids, sp, cont = rows
     batch = ids[:32]
     out = {}
@@ -268,11 +276,12 @@ def test_speed_32x128(rows):
     assert max(out.values()) < 0.1
 
 
-def test_mask_tokens_is_mask_units():
+@pytest.mark.parametrize("generator", GENERATORS)
+def test_mask_tokens_is_mask_units(generator):
     ids = _batch()
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
-        cfg = MaskingConfig(unit=unit)
+        cfg = MaskingConfig(unit=unit, generator=generator)
         a = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
         b = mask_units(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -280,17 +289,130 @@ def test_mask_tokens_is_mask_units():
 
 
 def test_mask_rows_equals_per_row_mask_tokens():
-    """mask_rows draws per row, selects per batch: row i is exactly mask_tokens(row i, its generator)."""
+    """generator numpy: mask_rows draws per row, selects per batch: row i is exactly mask_tokens(row i, its
+    generator). (The counter generator has no generator per row; its rows are keyed alike: test_seed_determinism.)"""
     from study.data.masking import row_generator
     ids = _batch(b=12)
     cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
     keys = [(7, i, 2) for i in range(12)]
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
-            cfg = MaskingConfig(unit=unit, count=count, rate=0.3)
+            cfg = MaskingConfig(unit=unit, count=count, rate=0.3, generator="numpy")
             inp, lab = mask_rows(ids, cfg, SP, cont, keys)
             for i in (0, 5, 11):
                 a, b = mask_tokens(ids[i:i + 1], cfg, SP, cont, row_generator(keys[i]))
                 assert torch.equal(inp[i:i + 1], a) and torch.equal(lab[i:i + 1], b), (unit, count, i)
-    empty = mask_rows(ids[:0], MaskingConfig(), SP, cont, [])
-    assert empty[0].shape == (0, ids.shape[1])
+    for generator in GENERATORS:
+        empty = mask_rows(ids[:0], MaskingConfig(generator=generator), SP, cont, [])
+        assert empty[0].shape == empty[1].shape == (0, ids.shape[1])
+
+
+# --------------------------------------------------------------------------- the counter generator
+M64 = (1 << 64) - 1
+
+
+def _splitmix64(state: int) -> int:
+    """SplitMix64's output for a state, in Python's unbounded ints (Vigna's splitmix64.c)."""
+    z = state & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def _key_ref(parts) -> int:
+    h = 0x6D61736B696E6721
+    for p in parts:
+        h = _splitmix64(((h ^ (p & M64)) + 0x9E3779B97F4A7C15) & M64)
+    return h
+
+
+def _bits_ref(key: int, stream: int, c: int) -> int:
+    return _splitmix64(key + (((stream << 24) + c) * 0x9E3779B97F4A7C15))
+
+
+def _u64(t: torch.Tensor) -> list[int]:
+    return [v & M64 for v in t.reshape(-1).tolist()]
+
+
+def test_counter_bits_equal_a_python_uint64_reference():
+    """int64 torch arithmetic (wrapping products, masked shifts) gives SplitMix64's uint64 bits exactly."""
+    # the first outputs of SplitMix64 seeded with 1234567 (the test vector of splitmix64.c)
+    first = counter.bits(torch.tensor([1234567]), 0, torch.arange(1, 6))
+    assert _u64(first) == [6457827717110365317, 3203168211198807973, 9817491932198370423,
+                           4593380528125082431, 16408922859458223821]
+    rng = np.random.default_rng(0)
+    parts = [[0, 0, 0], [2**32 - 1, 2**40 + 3, 7], [-1, -(2**63), 2**63 - 1]]
+    parts += rng.integers(-(2**63), 2**63 - 1, size=(200, 3), dtype=np.int64, endpoint=True).tolist()
+    keys = counter.row_keys(torch.tensor(parts, dtype=torch.int64))
+    want = [_key_ref(p) for p in parts]
+    assert _u64(keys) == want
+    cs = torch.tensor([0, 1, 2, 127, 4095, 2**24 - 1])
+    for stream in (counter.SCORE, counter.SPAN, 255):
+        b = counter.bits(keys, stream, cs)
+        assert _u64(b) == [_bits_ref(k, stream, c) for k in want for c in cs.tolist()]
+        u = counter.uniform(b).reshape(-1).tolist()
+        assert u == [(x >> 11) / 2.0**53 for x in _u64(b)] and 0 <= min(u) and max(u) < 1
+        assert counter.below(b, 8187).reshape(-1).tolist() == [(x >> 1) % 8187 for x in _u64(b)]
+
+
+def test_counter_uniforms_look_uniform():
+    u = counter.uniform(counter.bits(counter.row_keys(torch.arange(4000).view(-1, 1)), counter.SCORE,
+                                     torch.arange(256)))
+    hist = torch.histc(u.float(), bins=16, min=0, max=1) / u.numel()
+    assert (hist - 1 / 16).abs().max() < 0.002
+    assert abs(float(torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1])) < 0.03   # neighbours
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1, 0], u[1:, 0]]))[0, 1])) < 0.03  # neighbouring rows
+
+
+def _digest(generator: str) -> str:
+    """The masks of every unit and count mode on a fixed batch, plus the reference masks."""
+    ids = _batch(b=16)
+    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    h = hashlib.sha256()
+    for unit in ("token", "whole_word", "span"):
+        for count, cap in (("exact", None), ("bernoulli", None), ("exact", 9)):
+            cfg = MaskingConfig(unit=unit, count=count, max_predictions=cap, rate=0.3, generator=generator)
+            for t in mask_rows(ids, cfg, SP, cont, [(7, i, 2) for i in range(16)]):
+                h.update(t.numpy().tobytes())
+    for t in reference_masking(ids, SP, torch.arange(100, 116)):
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_mask_streams_are_pinned():
+    """A change of either generator's masks must come with a new masking.generator value (a new run hash).
+    numpy: the digest the engine gave before the counter generator existed (bitwise the old masks, and the
+    reference masks every run is scored on)."""
+    assert _digest("numpy") == "917e57b1c689a128"
+    assert _digest("counter") == "7d8179f60537ca3c"
+
+
+def test_generator_is_in_the_run_hash():
+    a, b = RunConfig(), RunConfig.model_validate({"masking": {"generator": "numpy"}})
+    assert a.masking.generator == "counter" and a.semantic()["masking"]["generator"] == "counter"
+    assert b.semantic()["masking"]["generator"] == "numpy"
+    assert a.run_hash() != b.run_hash()
+    assert a.data_hash() == b.data_hash() and a.baseline_key() == b.baseline_key()   # masks only
+    assert RunConfig.model_validate(b.model_dump(mode="json")).run_hash() == b.run_hash()  # round trip
+
+
+@pytest.mark.parametrize("unit", ["token", "whole_word", "span"])
+def test_tensor_keys_and_the_rows_device(unit):
+    """Keys may be a tensor on the rows' device (nothing leaves it); outputs are on the input's device."""
+    ids = _batch(b=12)
+    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    keys = [(3, 1000 + i, 5) for i in range(12)]
+    for generator in GENERATORS:
+        cfg = MaskingConfig(unit=unit, generator=generator)
+        a = mask_rows(ids, cfg, SP, cont, keys)
+        b = mask_rows(ids.int(), cfg, SP, cont, torch.tensor(keys))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert all(t.device == ids.device and t.dtype == torch.long for t in b)
+
+
+def test_counter_rows_differ_by_every_key_part():
+    ids = _batch(b=4)
+    base = mask_rows(ids, MaskingConfig(), SP, None, [(0, i, 0) for i in range(4)])[1]
+    for keys in ([(1, i, 0) for i in range(4)], [(0, i + 4, 0) for i in range(4)], [(0, i, 1) for i in range(4)]):
+        other = mask_rows(ids, MaskingConfig(), SP, None, keys)[1]
+        assert all(not torch.equal(base[r], other[r]) for r in range(4))

@@ -54,6 +54,25 @@ def test_sparse_head_equals_full_head_loss_and_grads():
         assert torch.allclose(gs[0][n], gs[1][n], atol=1e-5, rtol=1e-4), n
 
 
+def test_host_counts_give_the_boolean_index_loss_and_grads_bitwise():
+    """The training step passes n_masked and `sentence` from the host (no device read on a GPU): the sorted
+    row selection must pick the same rows in the same order as the boolean index, so nothing changes."""
+    b = batch(3)
+    model = build_model(CFG, VOCAB, True, ImplConfig(), seed=4)
+    runs = []
+    for host in (False, True):
+        model.zero_grad()
+        extra = dict(n_masked=int((b["labels"] != -100).sum()), sentence=True) if host else {}
+        o = pretraining_loss(model, **b, accuracy=False, **extra)
+        o.loss.backward()
+        runs.append((o.loss.detach(), o.mlm_loss.detach(), o.sentence_loss.detach(), grads(model)))
+    for x, y in zip(runs[0][:3], runs[1][:3]):
+        assert torch.equal(x, y)
+    assert runs[0][3].keys() == runs[1][3].keys()
+    for n in runs[0][3]:
+        assert torch.equal(runs[0][3][n], runs[1][3][n]), n
+
+
 def test_sdpa_equals_eager():
     b = batch(1)
     losses = []
@@ -286,7 +305,8 @@ def test_runtime_device_precision_and_threads(monkeypatch):
 def test_transformers_quiet_restores_the_callers_progress_bar_setting(tmp_path):
     from transformers.utils import logging as hf_logging
 
-    from study.runtime import load_pretrained, transformers_quiet
+    from study.model.load import load_pretrained
+    from study.runtime import transformers_quiet
 
     build_model(CFG, VOCAB, True, ImplConfig(), seed=0).save_pretrained(tmp_path)
     for enabled in (True, False):

@@ -2,13 +2,14 @@
 
 - a full `dvc repro` trains every run, fine-tunes, aggregates and writes the report, printing one
   progress line per finished run; then `dvc status` is up to date and a second `dvc repro` trains nothing;
-- `study rescore` + `dvc commit -f pretrain-tiny finetune-tiny` + `dvc repro` re-aggregates, trains nothing;
+- `study rescore` + `dvc repro -f -s study-tiny` re-aggregates, trains nothing;
 - one more factor level + `study sync` + `dvc repro` trains only the new run;
 - `dvc exp run -S <spec value>` reruns what that value feeds (fine-tuning), not pre-training;
-- `dvc push` to a local remote, a fresh clone, `dvc pull`, `dvc repro`: nothing trains;
-- the selection (params.yaml): `study select` adds a second study whose stages alone appear and run,
-  sharing a run and a random-init baseline with the first without training them again; `study deselect`
-  removes its stages and keeps its results.
+- `dvc push` to a local remote, a fresh clone, `dvc pull`: up to date, `dvc repro` trains nothing;
+- the selection (params.yaml): `study select` adds a second study whose stage alone appears and runs;
+  `study deselect` removes it and keeps its results;
+- the generated pipeline's shape (fast): one stage per study whose DVC entries do not grow with its runs,
+  each depending on its own study only; the stamp (`study sync --stamp`) and its staleness check.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ import yaml
 from ruamel.yaml import YAML  # DVC's own YAML reader (installed with dvc)
 
 from study.cli import main as study_main
-from study.studies.sync import pipeline_document, read_selection, render, runs_document
+from study.errors import StudyError
+from study.studies.sync import is_stale, pipeline_document, read_selection, render, runs_document, stamp
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -139,12 +141,19 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     assert len(trained(out)) == 2, out
     # progress under DVC: one line per finished run and fine-tune, passed through from the stage's stderr
     assert len(re.findall(r"^pretrain [12]/2 [0-9a-f]{12} done in \d+ s, ref acc [0-9.]+%", out, re.M)) == 2, out
-    assert len(re.findall(r"^finetune [12]/2 [0-9a-f]{12} done in \d+ s: SST-2 finetune", out, re.M)) == 2, out
+    assert len(re.findall(r"^finetune [0-9a-f]{12} .*done in \d+ s: SST-2 finetune", out, re.M)) == 2, out
     assert "Data and pipelines are up to date." in sh(project, "dvc", "status")
     report = project / "reports" / "tiny" / "index.html"
     assert report.exists() and "does NSP help a tiny model?" in report.read_text()
     status = {p.parent.name: p.stat().st_mtime_ns for p in (project / "results" / "runs").glob("*/status.json")}
     assert len(status) == 2
+    manifest = json.loads((project / "pipeline" / "study-tiny.json").read_text())
+    assert {h: r["status"] for h, r in manifest["runs"].items()} == dict.fromkeys(status, "done")
+    # 2 runs + the random-init baseline, each with the study's results
+    assert len(manifest["finetune"]) == 3 and all(f["files"] for f in manifest["finetune"].values())
+    plot = (project / "results" / "plots" / "study-tiny.csv").read_text().splitlines()  # a column per run
+    assert plot[0] == "step,objective.sentence=none:seed0,objective.sentence=nsp:seed0", plot
+    assert len(plot) == len((project / "results" / "plots" / f"{next(iter(status))}.csv").read_text().splitlines())
 
     # a second repro trains nothing
     out = sh(project, "dvc", "repro")
@@ -153,7 +162,7 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
             for p in (project / "results" / "runs").glob("*/status.json")} == status
 
     # a run from before a metrics field existed is re-scored, not retrained: `study rescore`, then
-    # `dvc commit -f pretrain finetune` records the changed run folders, and `dvc repro` re-aggregates only
+    # `dvc repro -f -s study-tiny` re-aggregates (run folders are the harness's cache, not DVC outputs)
     m_file = sorted((project / "results" / "runs").glob("*/metrics.json"))[0]
     m = json.loads(m_file.read_text())
     floor = m.pop("ref_mode_acc")
@@ -165,10 +174,10 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     out = sh(project, "study", "rescore", "ablations/tiny.yaml")
     assert out.count("added ref_mode_acc") == 1 and out.count("up to date") == 1, out
     assert json.loads(m_file.read_text())["ref_mode_acc"] == floor
-    sh(project, "dvc", "commit", "-f", "pretrain-tiny", "finetune-tiny")
-    out = sh(project, "dvc", "repro")
-    assert stages_run(out) == {"aggregate-tiny", "report-tiny"}, out
+    out = sh(project, "dvc", "repro", "-f", "-s", "study-tiny")
+    assert stages_run(out) == {"study-tiny"} and not trained(out), out
     assert float(_run_row(project, m_file.parent.name)["ref_mode_acc"]) == floor
+    assert "Data and pipelines are up to date." in sh(project, "dvc", "status")
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "results")
 
@@ -183,14 +192,15 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
 
     assert "Data and pipelines are up to date." in sh(project, "dvc", "status")
 
-    # dvc exp run -S on one spec value: fine-tuning reruns, pre-training does not
+    # dvc exp run -S on one spec value: the study reruns, fine-tunes with the new recipe, trains nothing
+    before = set((project / "results" / "finetune").rglob("*.json"))
     out = sh(project, "dvc", "exp", "run", "-S", "ablations/tiny.yaml:defaults.finetune.epochs=2")
-    ran = stages_run(out)
-    assert "finetune-tiny" in ran and "pretrain-tiny" not in ran and not trained(out), out
+    assert stages_run(out) == {"study-tiny"} and not trained(out), out
+    assert len(set((project / "results" / "finetune").rglob("*.json")) - before) == 4, out  # 3 runs + baseline
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "epochs 2")
 
-    # push to a local remote; a fresh clone pulls and trains nothing
+    # push to a local remote; a fresh clone pulls, is up to date, and trains nothing
     remote = tmp_path / "remote"
     sh(project, "dvc", "remote", "add", "-d", "local", str(remote))
     sh(project, "git", "add", "-A")
@@ -199,8 +209,10 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     clone = tmp_path / "clone"
     sh(tmp_path, "git", "clone", "-q", str(project), str(clone))
     sh(clone, "dvc", "pull")
+    assert "Data and pipelines are up to date." in sh(clone, "dvc", "status")
     out = sh(clone, "dvc", "repro")
-    assert not trained(out), out
+    assert not trained(out) and not stages_run(out), out
+    assert (clone / "results" / "studies" / "tiny" / "runs.csv").exists()
 
 
 # A second study of its own shape (width 16: its own runs and random-init baseline), on the same data.
@@ -224,11 +236,11 @@ def test_selection_adds_and_removes_a_study(project: Path):
 
     sh(project, "study", "select", "other")
     other = _stages(project) - before
-    assert other == {"pretrain-other", "finetune-other", "aggregate-other", "report-other"}, other
+    assert other == {"study-other"}, other
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "select other")
     out = sh(project, "dvc", "repro")
-    assert stages_run(out) == other, out  # the first study's stages are untouched
+    assert stages_run(out) == other, out  # the first study's stage is untouched
     assert len(trained(out)) == 2, out
     assert (project / "reports" / "other" / "index.html").exists()
     assert "Data and pipelines are up to date." in sh(project, "dvc", "status")
@@ -267,32 +279,157 @@ def _two_studies(tmp_path: Path) -> tuple[Path, Path]:
     return abl, tmp_path / "study_runs.yaml"
 
 
-def test_shared_run_is_owned_once_and_finetuned_with_selected_recipes_only(tmp_path: Path):
-    abl, out = _two_studies(tmp_path)
-    doc = runs_document(abl, [("a", None)])
-    stages = pipeline_document(doc)["stages"]
-    ft = stages["finetune-a"]["cmd"]
-    assert "b.yaml" not in ft and ft.count("study finetune ablations/a.yaml") == 2, ft  # runs, then baseline
+def _outs(stages: dict) -> list[str]:
+    return [next(iter(o)) if isinstance(o, dict) else o for st in stages.values() for o in st.get("outs", [])]
 
+
+def test_each_study_stage_depends_on_its_own_work_only(tmp_path: Path):
+    abl, out = _two_studies(tmp_path)
     doc = runs_document(abl, [("a", None), ("b", None)])
     stages = pipeline_document(doc)["stages"]
-    shared = doc["studies"]["b"]["runs"]
-    assert set(shared) <= set(doc["studies"]["a"]["runs"]) and doc["studies"]["b"]["owns"] == []
-    assert not {"pretrain-b", "finetune-b"} & set(stages)  # b trains and fine-tunes nothing itself ...
-    ft = stages["finetune-a"]["cmd"]
-    (h,) = shared
-    assert f"study finetune ablations/b.yaml --run {h} --quiet" in ft, ft  # ... a's stage uses b's recipe
-    assert {"study_runs.yaml": ["studies.a.finetune", "studies.b.finetune"]} in stages["finetune-a"]["params"]
-    assert f"results/finetune/{h}" in stages["aggregate-b"]["deps"]
-    outs = [next(iter(o)) if isinstance(o, dict) else o for st in stages.values() for o in st.get("outs", [])]
+    assert set(doc["studies"]["b"]["runs"]) < set(doc["studies"]["a"]["runs"])  # b shares a's `none` run
+    assert set(doc["studies"]["b"]["baselines"]) == set(doc["studies"]["a"]["baselines"])  # ... and its baseline
+    for me, other in (("a", "b"), ("b", "a")):
+        st = stages[f"study-{me}"]
+        # its own spec, recipe and outputs only: no other study's spec, manifest, aggregate or report
+        paths = [*st["deps"], *_outs({"x": st})]
+        assert not [p for p in paths if p.endswith((f"/{other}", f"/{other}.yaml", f"study-{other}.json"))], st
+        assert f"{other}.yaml" not in st["cmd"] and f"study-{other}" not in st["cmd"], st["cmd"]
+        assert st["cmd"].count(f"study finetune ablations/{me}.yaml") == 1, st["cmd"]
+    outs = _outs(stages)
     assert len(outs) == len(set(outs)), "DVC forbids two stages declaring one output"
-
-    # a deselected: b owns its run again and trains it itself
-    doc = runs_document(abl, [("b", None)])
-    assert doc["studies"]["b"]["owns"] and "pretrain-b" in pipeline_document(doc)["stages"]
     # a profile is its own study
     doc = runs_document(abl, [("b", None), ("b", "cpu")])
     assert set(doc["studies"]) == {"b", "b-cpu"}
+    assert {"study-b", "study-b-cpu"} <= set(pipeline_document(doc)["stages"])
+    # a spec's base files are dependencies of its stage (paths like the spec's)
+    (abl / "base").mkdir()
+    (abl / "base" / "common.yaml").write_text("name: common\nquestion: q\ndefaults: {train: {amount: 7}}\n")
+    (abl / "d.yaml").write_text("name: d\nquestion: q\nbase: base/common.yaml\n"
+                                "defaults: {corpus: {sources: [embedded]}, finetune: {tasks: [SST-2]}}\nseeds: [0]\n")
+    deps = pipeline_document(runs_document(abl, [("d", None)]))["stages"]["study-d"]["deps"]
+    assert deps[:2] == ["ablations/d.yaml", "ablations/base/common.yaml"], deps
+
+
+def test_no_op_cost_does_not_grow_with_a_studys_runs(tmp_path: Path):
+    """What DVC re-reads on every `dvc status` / `dvc repro` (docs/RESULTS.md "DVC no-op at scale"): one stage
+    per study with the same few entries whatever its number of runs; no run or fine-tune folder is a DVC
+    dependency or output; the code folders are hashed by one stage, not by every study's."""
+    abl, _ = _two_studies(tmp_path)
+    (abl / "c.yaml").write_text(SHARED.format(name="c", lr=2e-3, levels="").replace(
+        "objective.sentence: []", "train.amount: [6, 7, 8, 9, 10]").replace("seeds: [0]", "seeds: [0, 1, 2]"))
+    doc = runs_document(abl, [("a", None), ("b", None), ("c", None)])
+    assert [len(doc["studies"][n]["runs"]) for n in "abc"] == [2, 1, 15]
+    pipe = pipeline_document(doc)
+    stages = pipe["stages"]
+    assert set(stages) == {"code-study", *(f"data-{dh}" for dh in doc["data"]), "study-a", "study-b", "study-c"}
+    shape = {n: (len(stages[f"study-{n}"]["deps"]), len(stages[f"study-{n}"]["outs"]), len(stages[f"study-{n}"]["cmd"]))
+             for n in "abc"}
+    assert len({s[:2] for s in shape.values()}) == 1 and shape["c"][2] < shape["a"][2] + 20, shape
+    paths = [*_outs(stages), *(d for st in stages.values() for d in st.get("deps", []))]
+    assert not [p for p in paths if p.startswith(("results/runs", "results/finetune"))], paths
+    code = [p for st in stages.values() for p in st.get("deps", []) if p.startswith("study/")]
+    assert sorted(code) == sorted([*stages["code-study"]["deps"], *(d for n, st in stages.items()
+                                                                     if n.startswith("data-") for d in st["deps"])])
+    assert pipe["metrics"] == [f"results/metrics/study-{n}.json" for n in "abc"]
+
+
+def _run_folder(results: Path, run_hash: str, status: str = "done", loss: float = 5.0) -> None:
+    d = results / "runs" / run_hash
+    (d / "model").mkdir(parents=True, exist_ok=True)
+    (d / "status.json").write_text(json.dumps({"status": status}))
+    (d / "metrics.json").write_text('{"ref_mlm_acc": 0.1}')
+    (d / "model" / "model.safetensors").write_bytes(b"weights")
+    (d / "history.jsonl").write_text("".join(json.dumps({"step": s, "loss": loss - s}) + "\n" for s in (1, 2)))
+    (d / "checkpoints").mkdir(exist_ok=True)
+    (d / "checkpoints" / "step-1.pt").write_text("resume state: not part of the digest")
+
+
+def test_stamp_records_the_study_and_refuses_a_stale_pipeline(tmp_path: Path, monkeypatch):
+    abl, out = _two_studies(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert study_main(["sync", "--ablations", str(abl), "--out", str(out)]) == 0
+    s = runs_document(abl, [("a", None)])["studies"]["a"]
+    results = tmp_path / "results"
+    for h in s["runs"]:
+        _run_folder(results, h)
+    (base,) = s["baselines"]
+    (fh,) = {r["finetune"] for r in s["runs"].values()}
+    mine = results / "finetune" / base / "SST-2" / fh / "finetune-seed0.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text('{"primary": 0.5}')
+    theirs = results / "finetune" / base / "SST-2" / "0123456789ab" / "finetune-seed0.json"  # another recipe's
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text('{"primary": 0.6}')
+    cmd = pipeline_document(runs_document(abl, [("a", None)]))["stages"]["study-a"]["cmd"]
+    of = re.search(r"--stamp study-a --of ([0-9a-f]+)", cmd).group(1)
+
+    line = stamp("study-a", out, results, of)
+    m = json.loads((tmp_path / "pipeline" / "study-a.json").read_text())
+    assert "2 runs (2 done)" in line and m["of"] == of
+    assert {h: (r["status"], r["files"]) for h, r in m["runs"].items()} == dict.fromkeys(s["runs"], ("done", 4))
+    assert m["finetune"][base]["files"] == 1  # its own recipe's results only
+    curves = (results / "plots" / "study-a.csv").read_text().splitlines()
+    assert curves[0] == "step,objective.sentence=none:seed0,objective.sentence=nsp:seed0" and curves[1] == "1,4.0,4.0"
+
+    # the digests follow the files, not their checkpoints or other recipes' results
+    theirs.write_text('{"primary": 0.7}')
+    (results / "runs" / next(iter(s["runs"])) / "checkpoints" / "step-2.pt").write_text("x")
+    stamp("study-a", out, results, of)
+    assert json.loads((tmp_path / "pipeline" / "study-a.json").read_text()) == m
+    h = next(iter(s["runs"]))
+    (results / "runs" / h / "metrics.json").write_text('{"ref_mlm_acc": 0.2, "ref_mode_acc": 0.05}')  # rescored
+    stamp("study-a", out, results, of)
+    m2 = json.loads((tmp_path / "pipeline" / "study-a.json").read_text())
+    assert m2["runs"][h]["digest"] != m["runs"][h]["digest"]
+    assert {k: v for k, v in m2["runs"].items() if k != h} == {k: v for k, v in m["runs"].items() if k != h}
+
+    # the spec edited after sync (`dvc exp run -S`): the stamp records what the stage ran, and says that
+    # dvc.yaml lags behind
+    (abl / "a.yaml").write_text(SHARED.format(name="a", lr=1e-3, levels="nsp, none, sop"))
+    line = stamp("study-a", out, results, of)
+    assert "3 runs (2 done)" in line and "`study sync`" in line, line
+    assert len(json.loads((tmp_path / "pipeline" / "study-a.json").read_text())["runs"]) == 3
+    assert "`study sync`" not in stamp("study-a", out, results,
+                                       re.search(r"--of (\w+)", pipeline_document(runs_document(abl, [("a", None)]))
+                                                 ["stages"]["study-a"]["cmd"]).group(1))
+    with pytest.raises(StudyError, match="zzz"):
+        stamp("study-zzz", out, results, of)
+
+
+def test_code_stamp_ignores_bytecode(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "study", tmp_path / "study", ignore=shutil.ignore_patterns("__pycache__"))
+    runs_file, file = tmp_path / "study_runs.yaml", tmp_path / "pipeline" / "code-study.json"
+    stamp("code-study", runs_file, tmp_path / "results")
+    first = file.read_text()
+    (tmp_path / "study" / "report" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "study" / "report" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    stamp("code-study", runs_file, tmp_path / "results")
+    assert file.read_text() == first
+    (tmp_path / "study" / "report" / "new_module.py").write_text("X = 1\n")  # a module added inside counts
+    stamp("code-study", runs_file, tmp_path / "results")
+    after, before = json.loads(file.read_text())["paths"], json.loads(first)["paths"]
+    assert [p for p in after if after[p] != before[p]] == ["study/report"]
+
+
+def test_sync_writes_a_placeholder_for_each_stamp_a_study_stage_reads(tmp_path: Path):
+    """So that every dependency of a study stage exists in a fresh clone, where `dvc repro --dry` would
+    otherwise fail hashing a missing upstream output (treeverse/dvc#9021); the stage replaces it."""
+    abl, out = _two_studies(tmp_path)
+    args = ["--ablations", str(abl), "--out", str(out)]
+    assert study_main(["sync", *args]) == 0
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    wanted = {d for n, st in stages.items() if n.startswith("study-") for d in st["deps"] if d.startswith("pipeline/")}
+    (dh,) = {dh for s in yaml.safe_load(out.read_text())["studies"].values() for dh in s["data"]}
+    assert wanted == {"pipeline/code-study.json", f"pipeline/data-{dh}.json"}
+    assert {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "pipeline").iterdir()} == wanted
+    assert "pending" in json.loads((tmp_path / "pipeline" / "code-study.json").read_text())
+    (tmp_path / "pipeline" / "code-study.json").write_text('{"stage": "code-study", "paths": {}}')  # as stamped
+    (tmp_path / f"pipeline/data-{dh}.json").unlink()
+    assert is_stale(abl, out)
+    assert study_main(["sync", *args]) == 0 and not is_stale(abl, out)
+    assert "paths" in json.loads((tmp_path / "pipeline" / "code-study.json").read_text())  # a real stamp stays
 
 
 def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys):
@@ -305,8 +442,8 @@ def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys
     assert study_main(["select", "a", "--profile", "cpu", *args]) == 0
     assert read_selection(params) == [("b", None), ("a", "cpu")]
     assert "studies:\n- b\n- a@cpu" in params.read_text()
-    assert "aggregate-a-cpu" in (tmp_path / "dvc.yaml").read_text()
-    assert "aggregate-a:" not in (tmp_path / "dvc.yaml").read_text()
+    assert "study-a-cpu:" in (tmp_path / "dvc.yaml").read_text()
+    assert "study-a:" not in (tmp_path / "dvc.yaml").read_text()
 
     # mistakes exit 2 naming the field and what is allowed, and write nothing
     files = {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
@@ -332,8 +469,8 @@ def test_committed_pipeline_has_only_the_selected_studies():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     for stage in stages:
         kind, _, study = stage.partition("-")
-        assert kind == "data" or study in names, stage
-    assert {f"report-{n}" for n in names} <= set(stages)
+        assert kind in ("data", "code") or study in names, stage
+    assert {f"study-{n}" for n in names} <= set(stages)
 
 
 def test_hash_keys_survive_dvcs_yaml_reader():

@@ -1,5 +1,6 @@
 """The pre-training trainer on a tiny synthetic corpus: run folder, skip-if-done, schedule, bitwise resume
-after SIGKILL, damaged checkpoints, divergence, loss-neutral impl settings, config errors, DDP (slow)."""
+after SIGKILL and SIGTERM, checkpoints by steps and by time, damaged checkpoints, divergence found at the
+log-window sync, loss-neutral impl settings (static shapes, compile: slow), config errors, DDP (slow)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,10 @@ from study.config import RunConfig
 from study.data.corpus import with_fingerprint
 from study.errors import Diverged, StudyError
 from study.paths import Layout
+from study.errors import EXIT_INTERRUPTED, Interrupted
 from study.pretrain.checkpoint import read_checkpoint
 from study.pretrain.schedule import lr_curve
-from study.pretrain.trainer import NAN_ENV, train_run
+from study.pretrain.trainer import NAN_ENV, main, train_run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -360,6 +362,66 @@ def test_on_eval_stop_keeps_run_resumable_and_damaged_checkpoints_fall_back(corp
     assert_same_weights(ref_run, run2)
 
 
+def _sigterm_at(monkeypatch, step: int) -> None:
+    """SIGTERM to this process in the middle of `step` (after its backward passes, before its update: the
+    fault suite's kill point); the trainer's handler only sets a flag, so the test process lives on."""
+    from study import faults
+    real_point = faults.point
+
+    def point(name, detail=""):
+        if name == "train.step" and detail.endswith(f" step {step}"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        real_point(name, detail)
+    monkeypatch.setattr(faults, "point", point)
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(corpus, layout, tmp_path, monkeypatch):
+    """SIGTERM during step 8: the step finishes, a checkpoint of step 8 is written, no status (the run stays
+    pending), the driver exits 143; SIGTERM again at step 11 of the next session (Interrupted, a
+    KeyboardInterrupt: `except Exception` does not record it as a failure); the third session ends bitwise
+    equal to an uninterrupted run. The step and time rules are off: the only checkpoints are SIGTERM's."""
+    cfg = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0,
+                   impl__log_every=3)
+    ref = layout("ref")
+    train_run(cfg, ref, quiet=True)
+    ref_run = ref.run_dir(cfg.run_hash())
+    handler = signal.getsignal(signal.SIGTERM)
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    lay = layout("b")
+    run = lay.run_dir(cfg.run_hash())
+    _sigterm_at(monkeypatch, 8)
+    assert main([str(cfg_path), "--results", str(lay.root), "--quiet"]) == EXIT_INTERRUPTED == 143
+    assert signal.getsignal(signal.SIGTERM) is handler  # the caller's handler is back
+    assert not (run / "status.json").exists()
+    assert [p.name for p in (run / "checkpoints").glob("*.pt")] == ["step-00000008.pt"]
+    assert [e["step"] for e in events(run) if e["event"] == "interrupted"] == [8]
+    _sigterm_at(monkeypatch, 11)
+    with pytest.raises(Interrupted) as err:
+        train_run(cfg, lay, quiet=True)
+    assert err.value.step == 11 and isinstance(err.value, KeyboardInterrupt)
+    monkeypatch.undo()
+    train_run(cfg, lay, quiet=True)
+    assert [e["step"] for e in events(run) if e["event"] == "resume"] == [8, 11]
+    assert_same_weights(ref_run, run)
+    assert stable_history(ref_run) == stable_history(run)
+    assert {k: metrics(ref_run)[k] for k in EXACT} == {k: metrics(run)[k] for k in EXACT}
+
+
+@pytest.mark.parametrize("every, minutes, kept", [
+    (None, 1e-9, ["step-00000009.pt", "step-00000010.pt"]),  # by time: every step (the newest two kept)
+    (None, 0, ["step-00000010.pt"]),                          # no rule: only the checkpoint of the stop
+    (4, 0, ["step-00000008.pt", "step-00000010.pt"]),         # by steps
+    (4, 10, ["step-00000008.pt", "step-00000010.pt"]),        # both: ten minutes never pass here
+])
+def test_checkpoints_by_steps_and_by_time(corpus, layout, every, minutes, kept):
+    cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=every, impl__checkpoint_minutes=minutes)
+    lay = layout("r")
+    with pytest.raises(Stop):
+        train_run(cfg, lay, quiet=True, on_eval=_stop_at(10))
+    assert sorted(p.name for p in (lay.run_dir(cfg.run_hash()) / "checkpoints").glob("*.pt")) == kept
+
+
 def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch):
     cfg = make_cfg(corpus, impl__checkpoint_every=5)
     lay = layout("r")
@@ -377,6 +439,23 @@ def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch
     monkeypatch.setattr("study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("retrained a diverged run"))
     with pytest.raises(Diverged):
         train_run(cfg, lay, quiet=True)
+
+
+def test_divergence_between_syncs_is_found_at_the_next_and_nothing_of_it_is_saved(corpus, layout, monkeypatch):
+    """Steps are read back from the device once per log window (impl.log_every): a NaN at step 7 with logs at
+    4 and 8 is found at the step-8 sync. The status still names step 7, and nothing from step 7 on was
+    written: no history line, no checkpoint (the step-8 checkpoint would have been, it checks first)."""
+    cfg = make_cfg(corpus, impl__log_every=4, impl__checkpoint_every=4)
+    lay = layout("r")
+    monkeypatch.setenv(NAN_ENV, "7")
+    with pytest.raises(Diverged) as err:
+        train_run(cfg, lay, quiet=True)
+    run = lay.run_dir(cfg.run_hash())
+    st = json.loads((run / "status.json").read_text())
+    assert err.value.step == 7 and st["status"] == "diverged" and st["step"] == 7 and st["loss"] == "nan"
+    assert [h["step"] for h in history(run)] == [4]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == ["step-00000004.pt"]
+    assert [e["step"] for e in events(run) if e["event"] == "diverged"] == [7]
 
 
 # --------------------------------------------------------------------------- impl is speed-only
@@ -405,9 +484,10 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     for k, c in curves.items():
         np.testing.assert_allclose(c, base, rtol=2e-4, atol=2e-4, err_msg=str(k))
         assert evals[k] == pytest.approx(evals[(True, "eager")], rel=2e-4)
-    # evaluation, checkpointing, prefetching and logging draw no random numbers: bitwise the same run
+    # evaluation, checkpointing (by steps, and by time: ~every step), prefetching and logging (the host sync
+    # of the loop) draw no random numbers: bitwise the same run
     cfg = make_cfg(corpus, train__amount=20, impl__workers=2, impl__eval_every=5, impl__checkpoint_every=3,
-                   impl__log_every=1)
+                   impl__checkpoint_minutes=1e-9, impl__log_every=7)
     lay = layout("busy")
     train_run(cfg, lay, quiet=True)
     assert_same_weights(lay.run_dir(cfg.run_hash()), layout_of[(True, "eager")].run_dir(cfg.run_hash()))
@@ -458,6 +538,73 @@ def test_grad_accumulation_matches_one_big_batch(corpus, layout, tmp_path):
     np.testing.assert_allclose(curves[0], curves[1], rtol=1e-4, atol=1e-4)
 
 
+def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
+    """impl.pad_to="max": the micro-batches of a real batch (grad_accum 4: four different widths) padded back
+    to max_seq_len (64 here: rows of segment pairs this long are often shorter) give the same masks, the same
+    loss and the same gradients as the trimmed ones."""
+    from study.data.batches import Batches
+    from study.data.prepare import prepare_data
+    from study.model.bert import IGNORE
+    from study.pretrain.step import LossModule, build_training_model, make_optimizer, pad_parts, pretrain_step, read_steps
+    from study.runtime import resolve
+
+    cfg = make_cfg(corpus, train__grad_accum=4, model__dropout=0.0, model__attention_dropout=0.0,
+                   objective__max_seq_len=64)
+    prepared = prepare_data(cfg, layout("r"), progress=False)
+    parts = Batches(cfg, prepared).make(0, 1)["parts"]
+    padded = pad_parts(parts, 64, prepared.special.pad)
+    assert min(p["tensors"]["input_ids"].shape[1] for p in parts) < 64  # something to pad
+    for a, b in zip(parts, padded):
+        ta, tb = a["tensors"], b["tensors"]
+        w = ta["input_ids"].shape[1]
+        assert all(tb[k].shape == (2, 64) for k in ("input_ids", "attention_mask", "token_type_ids", "labels"))
+        for k in ("input_ids", "attention_mask", "token_type_ids", "labels"):
+            assert torch.equal(tb[k][:, :w], ta[k]), k      # identical masks and inputs
+        assert (tb["labels"][:, w:] == IGNORE).all() and (tb["attention_mask"][:, w:] == 0).all()
+        assert (tb["input_ids"][:, w:] == prepared.special.pad).all()
+        assert (b["n_mlm"], b["n_sent"], b["positions"]) == (a["n_mlm"], a["n_sent"], 2 * 64)
+    rt, out, grads = resolve(cfg.impl), {}, {}
+    for name, ps in (("batch", parts), ("max", padded)):
+        model, _ = build_training_model(cfg, len(prepared.tokenizer), rt.device)
+        opt, fused = make_optimizer(cfg, model, rt.device)
+        res = pretrain_step(LossModule(model, True), model, opt, ps, 1e-3, clip=1.0, rt=rt, fused=fused)
+        out[name] = read_steps([res])[0]
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert out["max"].loss == pytest.approx(out["batch"].loss, rel=1e-5)
+    assert out["max"].grad_norm == pytest.approx(out["batch"].grad_norm, rel=1e-4)
+    assert out["max"].masked == out["batch"].masked and out["max"].positions == 4 * 2 * 64
+    assert grads["max"].keys() == grads["batch"].keys()
+    for n in grads["batch"]:
+        torch.testing.assert_close(grads["max"][n], grads["batch"][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def _curve_without_dropout(corpus, layout, name: str, **impl) -> tuple[np.ndarray, dict]:
+    cfg = make_cfg(corpus, train__amount=12, model__dropout=0.0, model__attention_dropout=0.0,
+                   objective__max_seq_len=64, **{f"impl__{k}": v for k, v in impl.items()})
+    lay = layout(name)
+    m = train_run(cfg, lay, quiet=True)
+    return np.array(losses(lay.run_dir(cfg.run_hash()))), m
+
+
+def test_pad_to_max_is_loss_neutral(corpus, layout):
+    """The training curve and the reference loss with every batch padded to max_seq_len track the trimmed
+    run (without dropout: padded positions would draw dropout masks too, so another stream)."""
+    base, m0 = _curve_without_dropout(corpus, layout, "batch")
+    padded, m1 = _curve_without_dropout(corpus, layout, "max", pad_to="max")
+    np.testing.assert_allclose(padded, base, rtol=1e-4, atol=1e-4)
+    assert m1["ref_mlm_loss"] == pytest.approx(m0["ref_mlm_loss"], rel=1e-4)
+    assert m1["positions_computed"] == 12 * 8 * 64 > m0["positions_computed"]
+    assert m1["masked_seen"] == m0["masked_seen"] and m1["tokens_seen"] == m0["tokens_seen"]
+
+
+@pytest.mark.slow  # torch.compile of the encoder's forward and backward: ~40 s on one CPU core
+def test_compile_with_static_shapes_is_loss_neutral(corpus, layout):
+    eager, m0 = _curve_without_dropout(corpus, layout, "eager", pad_to="max")
+    compiled, m1 = _curve_without_dropout(corpus, layout, "compiled", pad_to="max", compile=True)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-4, atol=1e-4)
+    assert m1["ref_mlm_loss"] == pytest.approx(m0["ref_mlm_loss"], rel=1e-4)
+
+
 def test_bf16_autocast_tracks_fp32(corpus, layout, tmp_path):
     curves = {}
     for prec in ("fp32", "bf16"):
@@ -479,7 +626,8 @@ def test_bf16_autocast_tracks_fp32(corpus, layout, tmp_path):
     # (as code building a config could); the trainer still refuses it
     (lambda c: c.train.__dict__.update(grad_accum=3), "train.batch_size"),
     (lambda c: setattr(c.train, "batch_size", 5000), "train.batch_size"),          # more than the corpus
-    (lambda c: setattr(c.impl, "compile", True), "impl.compile"),
+    # ImplConfig refuses compile without static shapes on assignment too; set unvalidated, the trainer does
+    (lambda c: c.impl.__dict__.update(compile=True), "impl.compile"),
 ])
 def test_config_errors_name_the_field_before_training(corpus, layout, tmp_path, change, field):
     cfg = make_cfg(corpus)
@@ -489,6 +637,15 @@ def test_config_errors_name_the_field_before_training(corpus, layout, tmp_path, 
         train_run(cfg, lay, quiet=True)
     assert err.value.field == field
     assert not lay.run_dir(cfg.run_hash()).exists()  # nothing written for the run
+
+
+def test_compile_needs_static_shapes():
+    from pydantic import ValidationError
+
+    from study.config import ImplConfig
+    with pytest.raises(ValidationError, match="impl.pad_to"):
+        ImplConfig(compile=True)
+    assert ImplConfig(compile=True, pad_to="max").compile
 
 
 def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, monkeypatch):

@@ -8,6 +8,7 @@ hash) and `describe` (`study data`: corpus statistics and decoded instances with
     prepare.py    the cached data folder: build, verify, load
     instances.py  pre-training rows per objective format (segment/sentence pairs, full/doc sentences)
     masking.py    the masking engine and the fixed-reference masks
+    counter.py    counter-based random numbers (masking.generator "counter"): the same masks on CPU and CUDA
     batches.py    global batch b of epoch e, a pure function of (config, e, b)
 
 Entry points load on first use (study/lazy.py).

@@ -26,9 +26,20 @@ Units
   identity the mean span length is then not biased by the budget, as SpanBERT's "truncate the last
   span" biases it low; the count is exact in expectation, off by less than one span in a row.
 
-Measured on 1M Gutenberg tokens (tests/test_masking.py): rates within 0.2 pp for 0.05..0.8, the
-split within 1 pp per unit, mean span 4.47 words at 15% against the exact 4.463 (4.24 at 80%, where
-crowded rows cut spans).
+Random numbers (masking.generator; a row's masks depend on its key and ids only, so batch size, order
+and sharding cannot change them):
+- "counter" (default): study/data/counter.py, a hash of (row key, stream, counter) in int64 torch ops,
+  computed on the rows' device: the same masks on CPU and CUDA. Spans are placed by rounds over all
+  rows (_select_span_rounds).
+- "numpy": one torch generator per row seeded by numpy's SeedSequence of the key (row_generator), a
+  fixed block of 4L + 1 uniforms and L replacement indices per row, then the span loop drawing on
+  (_select_span_loop): the masks of every run before the counter generator, kept bitwise, and the
+  reference masks (REFERENCE), so reference scores stay comparable with every run ever scored.
+The selection itself is one vectorized code path on the rows' device for both.
+
+Measured on 1M Gutenberg tokens (tests/test_masking.py tests 0.2 pp, 1 pp, 5%), generator counter: rates
+within 0.08 pp for 0.05..0.8 in every unit and count mode, the split within 0.3 pp per unit, mean span
+4.46 words at 15% against the exact 4.463 (4.24 at 80%, where crowded rows cut spans); numpy: 4.47.
 """
 from __future__ import annotations
 
@@ -39,20 +50,23 @@ import numpy as np
 import torch
 
 from study.config import MaskingConfig
-from study.errors import StudyError
+from study.data import counter
+from study.data.counter import SCORE, SPLIT, WORD_COIN, WORD_KEY
 from study.data.tokens import SpecialIds
+from study.errors import StudyError
 
 IGNORE = -100
-REFERENCE = MaskingConfig(rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact")
 REFERENCE_SEED = 1234
+REFERENCE = MaskingConfig(rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact",
+                          generator="numpy")
 
 
 @functools.lru_cache(maxsize=8)
-def _non_special_table(special: SpecialIds) -> torch.Tensor:
+def _non_special_table(special: SpecialIds, device: torch.device = torch.device("cpu")) -> torch.Tensor:
     """Ids a random replacement may take (cached: built per call it cost more than the masking)."""
     keep = torch.ones(special.vocab_size, dtype=torch.bool)
     keep[list(special.all)] = False
-    return torch.nonzero(keep).squeeze(1)
+    return torch.nonzero(keep).squeeze(1).to(device)
 
 
 def _maskable(ids: torch.Tensor, special: SpecialIds) -> torch.Tensor:
@@ -61,23 +75,38 @@ def _maskable(ids: torch.Tensor, special: SpecialIds) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- random numbers
-# Every row draws the same fixed-size block from ITS generator: 4L + 1 uniforms
-#   [0, L) position scores | [L, 2L) the split draw of the row's k-th unit | [2L, 3L) word keys
-#   | [3L, 4L) word coins | 4L the stochastic-rounding coin
-# and L random-replacement indices; span placement then draws sequentially from the same generator.
-# With one generator per row (mask_rows) the rows are independent, and the selection itself runs
-# vectorized over the batch: a row's mask depends on its key and ids only.
-def _draws(B: int, L: int, n_table: int, gens) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(gens, torch.Generator):
-        return (torch.rand((B, 4 * L + 1), generator=gens, dtype=torch.float64),
-                torch.randint(n_table, (B, L), generator=gens))
-    if B == 0:
-        return torch.zeros((0, 4 * L + 1), dtype=torch.float64), torch.zeros((0, L), dtype=torch.long)
-    rs, ri = [], []
-    for g in gens:
-        rs.append(torch.rand(4 * L + 1, generator=g, dtype=torch.float64))
-        ri.append(torch.randint(n_table, (L,), generator=g))
-    return torch.stack(rs), torch.stack(ri)
+class _GeneratorDraws:
+    """generator "numpy": every row draws the same fixed-size block from ITS generator, 4L + 1 uniforms
+      [0, L) position scores | [L, 2L) the split draw of the row's k-th unit | [2L, 3L) word keys
+      | [3L, 4L) word coins | 4L the stochastic-rounding coin
+    and L random-replacement indices; span placement then draws sequentially from the same generator."""
+
+    BLOCK = {SCORE: 0, SPLIT: 1, WORD_KEY: 2, WORD_COIN: 3}
+
+    def __init__(self, B: int, L: int, n_table: int, gens, device: torch.device):
+        self.gens, self.L = gens, L
+        if isinstance(gens, torch.Generator):
+            R, ri = (torch.rand((B, 4 * L + 1), generator=gens, dtype=torch.float64),
+                     torch.randint(n_table, (B, L), generator=gens))
+        elif B == 0:
+            R, ri = torch.zeros((0, 4 * L + 1), dtype=torch.float64), torch.zeros((0, L), dtype=torch.long)
+        else:
+            rs, ris = [], []
+            for g in gens:
+                rs.append(torch.rand(4 * L + 1, generator=g, dtype=torch.float64))
+                ris.append(torch.randint(n_table, (L,), generator=g))
+            R, ri = torch.stack(rs), torch.stack(ris)
+        self.R, self.ri = R.to(device), ri.to(device)
+
+    def u(self, stream: int) -> torch.Tensor:
+        b = self.BLOCK[stream] * self.L
+        return self.R[:, b:b + self.L]
+
+    def coin(self) -> torch.Tensor:
+        return self.R[:, 4 * self.L]
+
+    def replace(self, n: int) -> torch.Tensor:
+        return self.ri
 
 
 def _exact_targets(m: torch.Tensor, cfg: MaskingConfig, coin: torch.Tensor) -> torch.Tensor:
@@ -95,86 +124,87 @@ def _exact_targets(m: torch.Tensor, cfg: MaskingConfig, coin: torch.Tensor) -> t
     return n
 
 
+def check_continuation(n_ids: int, max_id: int) -> None:
+    if n_ids <= max_id:
+        raise StudyError(f"continuation mask covers {n_ids} ids but the batch holds id {max_id}",
+                         field="tokenizer.vocab_size", allowed="the tokenizer the instances were built with")
+
+
 def _word_starts(ids: torch.Tensor, maskable: torch.Tensor, continuation) -> torch.Tensor:
     if continuation is None:
         raise StudyError("whole_word / span masking needs the tokenizer's continuation mask",
                          field="masking.unit", allowed="token (or pass `continuation`)")
-    cont = torch.as_tensor(continuation, dtype=torch.bool)
-    if ids.numel() and cont.numel() <= int(ids.max()):
-        raise StudyError(f"continuation mask covers {cont.numel()} ids but the batch holds id {int(ids.max())}",
-                         field="tokenizer.vocab_size", allowed="the tokenizer the instances were built with")
+    cont = torch.as_tensor(continuation, dtype=torch.bool, device=ids.device)
+    if ids.numel() and ids.device.type == "cpu":  # elsewhere a host read: Batches checks each epoch once
+        check_continuation(cont.numel(), int(ids.max()))
     prev = torch.zeros_like(maskable)
     prev[:, 1:] = maskable[:, :-1]
     return maskable & ~(cont[ids] & prev)
 
 
+def _rank(keys: torch.Tensor) -> torch.Tensor:
+    """Rank of each entry within its row, ascending, ties by position (a stable sort: one answer on any device)."""
+    order = torch.sort(keys, dim=1, stable=True).indices
+    k = torch.arange(keys.shape[1], device=keys.device).expand_as(order).contiguous()
+    return torch.empty_like(order).scatter_(1, order, k)
+
+
 # --------------------------------------------------------------------------- selection per unit
 # Each returns slots [B, L]: row * L + k for the row's k-th unit, -1 where nothing is selected.
-def _select_token(maskable, cfg, R):
+def _select_token(maskable, cfg, D):
     B, L = maskable.shape
-    scores = R[:, :L]
+    scores = D.u(SCORE)
     if cfg.count == "bernoulli":
         selected = (scores < cfg.rate) & maskable
         if cfg.max_predictions is not None:   # the cap holds in every count mode (as in BERT)
-            keyed = torch.where(selected, scores, torch.full_like(scores, 2.0))
-            selected &= keyed.argsort(dim=1).argsort(dim=1) < cfg.max_predictions
+            selected &= _rank(torch.where(selected, scores, 2.0)) < cfg.max_predictions
     else:
-        n_sel = _exact_targets(maskable.sum(dim=1), cfg, R[:, 4 * L])
-        # lowest random scores among maskable positions win: rank via a double argsort
-        keyed = torch.where(maskable, scores, torch.full_like(scores, 2.0))
-        selected = keyed.argsort(dim=1).argsort(dim=1) < n_sel.unsqueeze(1)
-    slot = torch.arange(B * L).view(B, L)
-    return torch.where(selected, slot, torch.full_like(slot, -1))
+        n_sel = _exact_targets(maskable.sum(dim=1), cfg, D.coin())
+        # lowest random scores among maskable positions win
+        selected = _rank(torch.where(maskable, scores, 2.0)) < n_sel.unsqueeze(1)
+    slot = torch.arange(B * L, device=maskable.device).view(B, L)
+    return torch.where(selected, slot, -1)
 
 
-def _select_whole_word(ids, maskable, cfg, continuation, R):
+def _words(start: torch.Tensor, maskable: torch.Tensor):
+    """Per row, word slots k < L: (word of each position, words per row, valid slot [B, L], word lengths [B, L])."""
+    B, L = start.shape
+    k = torch.arange(L, device=start.device)
+    wk = torch.cumsum(start, 1) - 1                                   # meaningful on maskable positions
+    n_words = start.sum(1)
+    w_len = torch.zeros(B, L + 1, dtype=torch.int64, device=start.device).scatter_add_(
+        1, torch.where(maskable, wk, L), maskable.long())[:, :L]      # column L collects the rest
+    return wk, n_words, k < n_words.unsqueeze(1), w_len
+
+
+def _select_whole_word(ids, maskable, cfg, continuation, D):
     B, L = ids.shape
     start = _word_starts(ids, maskable, continuation)
-    flat_start = start.reshape(-1)
-    wid = torch.cumsum(flat_start.long(), 0) - 1                   # word index of every position
-    wid = torch.where(maskable.reshape(-1), wid, torch.full_like(wid, -1))
-    n_words = int(flat_start.sum())
-    if n_words == 0:
-        return torch.full((B, L), -1, dtype=torch.long)
-    w_row = torch.div(torch.nonzero(flat_start).squeeze(1), L, rounding_mode="floor")
-    per_row = torch.bincount(w_row, minlength=B)
-    first = torch.cumsum(per_row, 0) - per_row                      # first word index of each row
-    w_k = torch.arange(n_words) - first[w_row]                      # word index inside its row (< L)
-    w_len = torch.bincount(wid[wid >= 0], minlength=n_words)
-    key = R[w_row, 2 * L + w_k]
-    order = torch.argsort(w_row.double() + key)                     # by row, random order inside a row
-    lens, row_sorted = w_len[order], w_row[order]
-
-    def taken_in_row(x):  # running sum of x within each row, in `order`
-        cs = torch.cumsum(x, 0)
-        return cs - torch.cat([torch.zeros(1, dtype=cs.dtype), cs])[first[row_sorted]]
-
+    wk, _, valid, w_len = _words(start, maskable)
+    key = torch.where(valid, D.u(WORD_KEY), 2.0)
+    order = torch.sort(key, dim=1, stable=True).indices              # each row's words in random order
+    lens = w_len.gather(1, order)                                    # (the row's words first: valid in place)
     if cfg.count == "bernoulli":
-        take = key[order] < cfg.rate
+        take = key.gather(1, order) < cfg.rate
         if cfg.max_predictions is not None:   # the cap holds in every count mode (as in BERT)
-            take &= taken_in_row(torch.where(take, lens, 0)) <= cfg.max_predictions
+            take &= torch.cumsum(torch.where(take, lens, 0), 1) <= cfg.max_predictions
     else:
         # the target stays real-valued: the crossing-word coin below makes the count exact in expectation
-        target = maskable.sum(dim=1).double() * cfg.rate
+        t = maskable.sum(dim=1).double() * cfg.rate
         if cfg.max_predictions is not None:
-            target = torch.clamp(target, max=float(cfg.max_predictions))
-        t = target[row_sorted]
-        after = taken_in_row(lens)                                 # tokens taken up to and with this word
+            t = torch.clamp(t, max=float(cfg.max_predictions))
+        t = t.unsqueeze(1)
+        after = torch.cumsum(lens, 1)                                # tokens taken up to and with this word
         before = after - lens
         crossing = (before < t) & (after > t)
-        if cfg.max_predictions is not None:                        # the cap is a hard limit
+        if cfg.max_predictions is not None:                          # the cap is a hard limit
             crossing &= after <= cfg.max_predictions
-        coin = R[w_row, 3 * L + w_k][order]
-        take = (after <= t) | (crossing & (coin * lens < (t - before)))
-    chosen = torch.zeros(n_words, dtype=torch.bool)
-    chosen[order] = take
-    slot = w_row * L + w_k
-    sel = wid >= 0
-    out = torch.full((B * L,), -1, dtype=torch.long)
-    pick = sel.clone()
-    pick[sel] = chosen[wid[sel]]
-    out[pick] = slot[wid[pick]]
-    return out.view(B, L)
+        coin = D.u(WORD_COIN).gather(1, order)
+        take = ((after <= t) | (crossing & (coin * lens < (t - before)))) & valid
+    chosen = torch.zeros_like(valid).scatter_(1, order, take)
+    sel = maskable & chosen.gather(1, wk.clamp(min=0))
+    slot = torch.arange(B, device=ids.device).unsqueeze(1) * L + wk
+    return torch.where(sel, slot, -1)
 
 
 def clipped_geometric_pmf(p: float, m: int) -> np.ndarray:
@@ -204,21 +234,21 @@ class _Uniforms:
         return self.buf[self.i - 1]
 
 
-def _select_span(ids, maskable, cfg, continuation, R, gens):
-    B, L = ids.shape
-    start = _word_starts(ids, maskable, continuation)
+def _select_span_loop(start, maskable, cfg, D: _GeneratorDraws):
+    """Spans, generator "numpy": a Python loop per row and per span, drawing on from the row's generator."""
+    B, L = start.shape
     slots = np.full((B, L), -1, dtype=np.int64)   # numpy: per-span torch slicing costs ~5 µs each
     pmf = clipped_geometric_pmf(cfg.span_p, cfg.span_max)
     cdf = np.cumsum(pmf).tolist()
     ks = np.arange(1, cfg.span_max + 1)
-    start_np, mask_np, R_np = start.numpy(), maskable.numpy(), R.numpy()
-    shared = _Uniforms(gens) if isinstance(gens, torch.Generator) else None
+    start_np, mask_np, R_np = start.cpu().numpy(), maskable.cpu().numpy(), D.R.cpu().numpy()
+    shared = _Uniforms(D.gens) if isinstance(D.gens, torch.Generator) else None
     for r in range(B):
         pos = np.nonzero(start_np[r])[0]                          # word start positions
         W = len(pos)
         if W == 0:
             continue
-        u = shared or _Uniforms(gens[r])
+        u = shared or _Uniforms(D.gens[r])
         wid = np.cumsum(start_np[r]) - 1
         w_end = pos + np.bincount(wid[mask_np[r]], minlength=W)   # a word's pieces are contiguous
         # words i and i+1 can share a span only when nothing unmaskable ([SEP], [PAD]) lies between
@@ -258,53 +288,151 @@ def _select_span(ids, maskable, cfg, continuation, R, gens):
             k += 1
             taken_tok += t1 - t0
             R_words -= length
-    return torch.from_numpy(slots)
+    return torch.from_numpy(slots).to(start.device)
+
+
+@functools.lru_cache(maxsize=16)
+def _span_tables(p: float, m_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cdf of the clipped length and, for X_m = min(length, m), m = 0..m_max, j = 0..m_max,
+    A[m, j] = P(X_m > j) and Bt[m, j] = E[X_m; X_m > j]: E[(X_m - R)+] = Bt[m, j] - R * A[m, j], j = floor(R)."""
+    pmf = clipped_geometric_pmf(p, m_max)
+    A, Bt = np.zeros((m_max + 1, m_max + 1)), np.zeros((m_max + 1, m_max + 1))
+    for m in range(1, m_max + 1):
+        q = pmf[:m].copy()
+        q[m - 1] = pmf[m - 1:].sum()
+        k = np.arange(1, m + 1)
+        A[m, :m] = np.cumsum(q[::-1])[::-1]               # column j sums k >= j + 1
+        Bt[m, :m] = np.cumsum((k * q)[::-1])[::-1]
+    return np.cumsum(pmf), A.reshape(-1), Bt.reshape(-1)
+
+
+def _select_span_rounds(start, maskable, cfg, D: counter.CounterDraws):
+    """Spans, generator "counter": the rule of _select_span_loop for all rows at once, one round per span.
+
+    In round t every row still placing spans reads three draws (go on?, length, anchor) at counters
+    3t..3t+2 of its SPAN stream, so a row's spans depend on its key and ids only; rows that stop never
+    restart. The expected overshoot is read from tables (a gather and a multiply: the same bits on CPU and
+    CUDA, which a float sum over the lengths would not promise)."""
+    B, L = start.shape
+    dev = start.device
+    wk, n_words, valid, w_len = _words(start, maskable)
+    k = torch.arange(L, device=dev)
+    pos = torch.full((B, L + 1), L, dtype=torch.int64, device=dev).scatter_(
+        1, torch.where(start, wk, L), k.expand(B, L).contiguous())[:, :L]   # first position of word k
+    w_end = pos + w_len
+    joined = torch.zeros_like(valid)            # words k, k+1 may share a span: nothing unmaskable between
+    joined[:, :-1] = (w_end[:, :-1] == pos[:, 1:]) & valid[:, 1:]
+    free = valid.clone()
+    if cfg.count == "bernoulli":                # Binomial(W, rate) words
+        budget = ((D.u(counter.SPAN_BUDGET) < cfg.rate) & valid).sum(1).double()
+    else:
+        budget = n_words.double() * cfg.rate
+    cdf, A, Bt = (torch.as_tensor(t, device=dev) for t in _span_tables(cfg.span_p, cfg.span_max))
+    cap = cfg.max_predictions if cfg.max_predictions is not None else L
+    taken = torch.zeros(B, dtype=torch.int64, device=dev)
+    n_spans = torch.zeros(B, dtype=torch.int64, device=dev)
+    active = n_words > 0
+    slots = torch.full((B, L), -1, dtype=torch.int64, device=dev)
+    row_base = (torch.arange(B, device=dev) * L).unsqueeze(1)
+    three = torch.arange(3, device=dev)
+    check = 1 if dev.type == "cpu" else 4       # rounds between host reads of `active` (extra rounds are no-ops)
+    for t in range(L):
+        if t % check == 0 and not bool(active.any()):
+            break
+        # fit[i] = consecutive free, joined words from word i on (0 if i is taken) = next stop - i + 1
+        nxt_free = torch.zeros_like(free)
+        nxt_free[:, :-1] = free[:, 1:]
+        stop = torch.where(free & joined & nxt_free, L, k)
+        fit = torch.where(free, torch.cummin(stop.flip(1), 1).values.flip(1) - k + 1, 0)
+        longest = fit.amax(1)
+        # E[(placed length - R)+]; a span longer than every free run is cut to the longest one
+        cell = longest.clamp(max=cfg.span_max) * (cfg.span_max + 1) + budget.floor().clamp(0, cfg.span_max).long()
+        over = Bt[cell] - budget * A[cell]
+        u = counter.uniform(counter.bits(D.keys, counter.SPAN, 3 * t + three))
+        active &= (budget > 0) & (taken < cap) & (longest > 0) & (u[:, 0] * (budget + over) < budget)
+        length = torch.minimum(torch.searchsorted(cdf, u[:, 1].contiguous(), right=True) + 1, longest)
+        length = length.clamp(max=cfg.span_max).unsqueeze(1)
+        ok = fit >= length
+        n_ok = ok.sum(1, keepdim=True)
+        pick = torch.minimum((u[:, 2:] * n_ok).floor().long(), n_ok - 1)
+        a = (torch.cumsum(ok, 1) <= pick).sum(1, keepdim=True).clamp(max=L - 1)  # the pick-th anchor
+        t0 = pos.gather(1, a)
+        # max_predictions is a hard limit: keep whole words up to the cap (all of them when the span fits)
+        placed = (k >= a) & (k < a + length) & (w_end - t0 <= cap - taken.unsqueeze(1))
+        length = placed.sum(1, keepdim=True)
+        active &= length.squeeze(1) > 0
+        t1 = w_end.gather(1, (a + length - 1).clamp(min=0))
+        on = active.unsqueeze(1)
+        free &= ~(placed & on)
+        slots = torch.where((k >= t0) & (k < t1) & on, row_base + n_spans.unsqueeze(1), slots)
+        budget = budget - torch.where(active, length.squeeze(1), 0)
+        taken += torch.where(active, (t1 - t0).squeeze(1), 0)
+        n_spans += active.long()
+    return slots
 
 
 # --------------------------------------------------------------------------- the engine
-def _mask(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds, continuation, gens):
-    ids = input_ids.long()
-    B, L = ids.shape
-    table = _non_special_table(special)
-    R, rand_idx = _draws(B, L, len(table), gens)
+def _mask(ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds, continuation, D, table):
     maskable = _maskable(ids, special)
     if cfg.unit == "token":
-        slot = _select_token(maskable, cfg, R)
+        slot = _select_token(maskable, cfg, D)
     elif cfg.unit == "whole_word":
-        slot = _select_whole_word(ids, maskable, cfg, continuation, R)
+        slot = _select_whole_word(ids, maskable, cfg, continuation, D)
     elif cfg.unit == "span":
-        slot = _select_span(ids, maskable, cfg, continuation, R, gens)
+        start = _word_starts(ids, maskable, continuation)
+        slot = (_select_span_rounds if isinstance(D, counter.CounterDraws) else _select_span_loop)(
+            start, maskable, cfg, D)
     else:
         raise StudyError(f"unknown masking unit {cfg.unit!r}", field="masking.unit",
                          allowed="token, whole_word, span")
     selected = slot >= 0
-    labels = torch.where(selected, ids, torch.full_like(ids, IGNORE))
-    u = R[:, L:2 * L].reshape(-1)[slot.clamp(min=0)]               # one split draw per unit
+    labels = torch.where(selected, ids, IGNORE)
+    u = D.u(SPLIT).reshape(-1)[slot.clamp(min=0)]                   # one split draw per unit
     to_mask = selected & (u < cfg.mask)
     to_random = selected & (u >= cfg.mask) & (u < cfg.mask + cfg.random)
-    inputs = ids.clone()
-    inputs[to_mask] = special.mask
-    inputs[to_random] = table[rand_idx[to_random]]
+    inputs = torch.where(to_mask, special.mask, ids)
+    inputs = torch.where(to_random, table[D.replace(len(table))], inputs)
     return inputs, labels, slot
+
+
+def _run(input_ids, cfg, special, continuation, *, gens=None, keys=None):
+    """The engine on rows drawing from torch generators (gens) or from counter keys ([B, K] int64 parts)."""
+    ids = input_ids.long()
+    B, L = ids.shape
+    if B == 0:
+        return ids.clone(), torch.full_like(ids, IGNORE), torch.full_like(ids, -1)
+    table = _non_special_table(special, ids.device)
+    if cfg.generator == "numpy":
+        if gens is None:
+            gens = [row_generator(k) for k in (keys.tolist() if torch.is_tensor(keys) else keys)]
+        D = _GeneratorDraws(B, L, len(table), gens, ids.device)
+    else:
+        if keys is None:   # one generator for the batch: one base key from it, then the row's place
+            base = int(torch.randint(2 ** 62, (1,), generator=gens))
+            keys = [(base, i) for i in range(B)]
+        parts = torch.as_tensor(keys, dtype=torch.int64, device=ids.device).reshape(B, -1)
+        D = counter.CounterDraws(counter.row_keys(parts), L)
+    return _mask(ids, cfg, special, continuation, D, table)
 
 
 def mask_units(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
                continuation, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inputs, labels, units): mask_tokens plus, at every selected position, its unit's id
     (row * L + k for the row's k-th token / word / span; unique, not contiguous), -1 elsewhere."""
-    return _mask(input_ids, cfg, special, continuation, generator)
+    return _run(input_ids, cfg, special, continuation, gens=generator)
 
 
 def select_units(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
                  continuation, generator: torch.Generator) -> torch.Tensor:
     """The units of mask_units alone (tests and diagnostics)."""
-    return _mask(input_ids, cfg, special, continuation, generator)[2]
+    return _run(input_ids, cfg, special, continuation, gens=generator)[2]
 
 
 def mask_tokens(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
                 continuation: torch.Tensor | None, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (inputs, labels); labels hold the original id at selected positions, -100 elsewhere."""
-    inputs, labels, _ = _mask(input_ids, cfg, special, continuation, generator)
+    """Return (inputs, labels); labels hold the original id at selected positions, -100 elsewhere.
+    One generator for the batch: "numpy" draws every row from it, "counter" one base key (rows keyed by place)."""
+    inputs, labels, _ = _run(input_ids, cfg, special, continuation, gens=generator)
     return inputs, labels
 
 
@@ -316,16 +444,17 @@ def row_generator(key) -> torch.Generator:
 
 def mask_rows(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
               continuation: torch.Tensor | None, row_keys) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask each row with its own generator seeded by its key, e.g. (run seed, instance index, epoch).
+    """Mask each row by its own key, e.g. (run seed, instance index, epoch): a list of int tuples or an
+    int64 tensor [B, K] (on the rows' device: nothing then leaves it with the counter generator).
 
     A row's mask then depends only on (key, ids): batch size, order and sharding (DDP) cannot change
-    it, static masking is "same key every epoch" and dynamic masking is "epoch in the key". Row i
-    equals mask_tokens(row i, row_generator(key i)); only the random draws are made per row.
+    it, static masking is "same key every epoch" and dynamic masking is "epoch in the key". Inputs and
+    labels are on input_ids' device. With generator "numpy", row i equals mask_tokens(row i,
+    row_generator(key i)).
     """
-    gens = [row_generator(k) for k in row_keys]
-    if len(gens) != len(input_ids):
-        raise ValueError(f"{len(input_ids)} rows but {len(gens)} keys")
-    inputs, labels, _ = _mask(input_ids, cfg, special, continuation, gens)
+    if len(row_keys) != len(input_ids):
+        raise ValueError(f"{len(input_ids)} rows but {len(row_keys)} keys")
+    inputs, labels, _ = _run(input_ids, cfg, special, continuation, keys=row_keys)
     return inputs, labels
 
 

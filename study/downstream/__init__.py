@@ -3,6 +3,7 @@
 
     tasks.py     GLUE tasks on disk: readers, label spaces, metrics
     finetune.py  fine-tuning, the feature probe, the random-init baseline, one result file per task/mode/seed
+    batched.py   several fine-tuning seeds in one vmapped step (impl.finetune_batched_seeds)
 
 Entry points load on first use (study/lazy.py): importing this package, or a light module of it such as
 tasks.py, must not import torch, so `study --help` and spec parsing stay fast.

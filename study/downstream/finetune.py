@@ -19,9 +19,13 @@ recomputed. A task without a train or dev split gets a `{"run_key", "task", "ski
 in the same place (re-checked on every call, so it disappears once the data is there).
 
 Randomness: the fine-tuning seed fixes the head init (explicit generator), the batch order (numpy
-SeedSequence) and dropout (torch's default generator, forked and seeded for the duration of one
-fine-tune, so the caller's RNG state is untouched). Which rows a `max_*_examples` cap keeps does not
-depend on the seed or the model: every run and the baseline see the same examples.
+SeedSequence; `epoch_batches`, length-grouped when finetune.length_groups is set) and dropout (torch's
+default generator, forked and seeded for the duration of one fine-tune, so the caller's RNG state is
+untouched). Which rows a `max_*_examples` cap keeps does not depend on the seed or the model: every run
+and the baseline see the same examples.
+
+impl.finetune_batched_seeds trains a task's missing seeds as one stacked model (study/downstream/batched.py):
+the same batches, head inits and updates per seed; dropout masks from each seed's own generator.
 """
 from __future__ import annotations
 
@@ -48,7 +52,8 @@ from study.paths import Layout
 from study.provenance import provenance
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 from study.model.bert import build_model
-from study.runtime import Runtime, load_pretrained, param_groups, resolve, threads
+from study.model.load import load_pretrained
+from study.runtime import Runtime, param_groups, resolve, threads
 
 # Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
 ADAM_BETAS = (0.9, 0.999)
@@ -181,9 +186,10 @@ def encode(enc: Encoder, data: TaskData, max_length: int, layout: Layout, glue_d
     return Encoded(ids, types, data.labels)
 
 
-def collate(e: Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
-    """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length)."""
-    width = max(len(e.ids[i]) for i in idx)
+def collate(e: Encoded, idx: np.ndarray, device: torch.device, width: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length), or to
+    `width` (batched seeds pad their K batches to one width)."""
+    width = width or max(len(e.ids[i]) for i in idx)
     ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.data.tokenizer.SPECIALS)
     types = np.zeros((len(idx), width), dtype=np.int64)
     mask = np.zeros((len(idx), width), dtype=np.int64)
@@ -194,10 +200,29 @@ def collate(e: Encoded, idx: np.ndarray, device: torch.device) -> dict[str, torc
             "attention_mask": torch.from_numpy(mask).to(device)}
 
 
-def _eval_batches(e: Encoded) -> list[np.ndarray]:
+def eval_batches(e: Encoded) -> list[np.ndarray]:
     # length-sorted batches: little padding; predictions are put back in row order by the caller
     order = np.argsort([len(x) for x in e.ids], kind="stable")
     return [order[i:i + EVAL_BATCH] for i in range(0, len(order), EVAL_BATCH)]
+
+
+def epoch_batches(e: Encoded, ft: FinetuneConfig, seed: int, epoch: int) -> list[np.ndarray]:
+    """The training batches (row indices) of one seed's epoch: a permutation seeded by (seed, epoch), cut
+    into batch_size rows. With finetune.length_groups = k >= 2 (HF's group_by_length), each run of k batches
+    of that permutation is sorted by row length, longest first, before the cut: the same rows per epoch and
+    per run of k batches, batches of similar lengths (less padding), a different batch composition."""
+    order = np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(len(e))
+    if ft.length_groups >= 2:
+        lengths = np.array([len(x) for x in e.ids])
+        size = ft.length_groups * ft.batch_size
+        order = np.concatenate([g[np.argsort(-lengths[g], kind="stable")]
+                                for g in (order[i:i + size] for i in range(0, len(order), size))])
+    return [order[b:b + ft.batch_size] for b in range(0, len(order), ft.batch_size)]
+
+
+def lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
+    """The recipe's schedule: linear warmup over `warmup` steps, then linear decay to 0 at `total`."""
+    return lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -219,7 +244,7 @@ class Classifier(torch.nn.Module):
         return self.head(self.dropout(pooled)).float()
 
 
-def _loss(regression: bool, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def task_loss(regression: bool, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if regression:
         return F.mse_loss(logits.squeeze(-1), y.float())
     return F.cross_entropy(logits, y.long())
@@ -237,7 +262,7 @@ def finetune_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dic
     A non-finite loss raises FloatingPointError before any update."""
     with autocast():
         logits = model(**batch)
-    loss = _loss(regression, logits, y)
+    loss = task_loss(regression, logits, y)
     if not torch.isfinite(loss):
         raise FloatingPointError(f"non-finite fine-tuning loss {float(loss)}")
     opt.zero_grad(set_to_none=True)
@@ -251,7 +276,7 @@ def _predict(model: torch.nn.Module, e: Encoded, rt: Runtime) -> np.ndarray:
     model.eval()
     out: list[tuple[np.ndarray, np.ndarray]] = []
     with torch.no_grad(), rt.autocast():
-        for idx in _eval_batches(e):
+        for idx in eval_batches(e):
             out.append((idx, model(**collate(e, idx, rt.device)).float().cpu().numpy()))
     k = out[0][1].shape[1]
     preds = np.zeros((len(e), k), dtype=np.float32)
@@ -275,19 +300,16 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
         model = Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
                            gen).to(device)
         opt = finetune_optimizer(model, ft)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup))
         labels = torch.from_numpy(train.labels)
         losses: list[float] = []
         model.train()
         step = 0
         bar = tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False)
         for epoch in range(math.ceil(ft.epochs)):
-            order = np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(len(train))
-            for b in range(0, len(order), ft.batch_size):
+            for idx in epoch_batches(train, ft, seed, epoch):
                 if step >= total:
                     break
-                idx = order[b:b + ft.batch_size]
                 try:
                     loss = finetune_step(model, opt, collate(train, idx, device),
                                          labels[torch.from_numpy(idx)].to(device), spec.is_regression, rt.autocast)
@@ -311,7 +333,7 @@ def _features(bert: torch.nn.Module, e: Encoded, layers: int, rt: Runtime, desc:
     bert = bert.to(rt.device).eval()
     feats = np.zeros((len(e), layers * bert.config.hidden_size), dtype=np.float32)
     with torch.no_grad(), rt.autocast():
-        for idx in tqdm(_eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
+        for idx in tqdm(eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
             hs = bert(**collate(e, idx, rt.device), output_hidden_states=True).hidden_states
             feats[idx] = torch.cat([h[:, 0] for h in hs[-layers:]], dim=-1).float().cpu().numpy()
     return feats
@@ -363,6 +385,9 @@ def _validate(cfg: RunConfig) -> list[TaskSpec]:
     if ft.max_length > cfg.model.max_positions:
         raise StudyError(f"{ft.max_length} exceeds model.max_positions ({cfg.model.max_positions})",
                          field="finetune.max_length", allowed=f"8..{cfg.model.max_positions}")
+    if ft.length_groups == 1:
+        raise StudyError("length_groups 1 sorts rows within a batch only: the same batches as 0",
+                         field="finetune.length_groups", allowed="0 (off) or an integer >= 2")
     if ft.probe and ft.probe_layers > cfg.model.layers:
         raise StudyError(f"the model has {cfg.model.layers} layers", field="finetune.probe_layers",
                          allowed=f"1..{cfg.model.layers}")
@@ -439,11 +464,14 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
                 **{k: v for k, v in out.items() if k != "metrics"}}
 
     out: dict = dict(done)
-    for seed in ft.seeds:
-        if ("finetune", seed) in out:
-            continue
-        res = _finetune_one(cfg, spec, enc.bert, e_train, e_dev, seed, rt,
-                            f"{run_key[:12]} {spec.name} seed{seed}", quiet)
+    todo = [s for s in ft.seeds if ("finetune", s) not in out]
+    if todo and cfg.impl.finetune_batched_seeds:   # every missing seed in one stacked model (batched.py)
+        from study.downstream.batched import finetune_seeds
+        batched = finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
+                                 f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
+    for seed in todo:
+        res = batched[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
+            cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
         out[("finetune", seed)] = rec = record("finetune", seed, res)
         atomic_write_json(paths[("finetune", seed)], rec)
     if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):

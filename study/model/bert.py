@@ -2,6 +2,8 @@
 
 The module itself stays a stock HF class so that `save_pretrained` writes a checkpoint every
 HF tool loads without custom code (`AutoModelForMaskedLM`, `AutoModel`, `pipeline("fill-mask")`).
+`model.arch: pre_ln` builds the pre-LayerNorm encoder instead (study/model/preln.py: HF's
+RobertaPreLayerNorm layout, the same `.bert` / `.cls` surface, a checkpoint those tools load too).
 The speed trick lives in `pretraining_loss`: with `sparse=True` the MLM head (transform + vocab
 projection) runs only on the positions that carry a label, as in original BERT / cramming /
 academic-budget-bert; the vocab projection over every position is the single largest matmul
@@ -24,8 +26,11 @@ from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
+from study.model.preln import PreLNForPreTraining, preln_config
 
 IGNORE = -100
+PAD_ID = 0  # the [PAD] id of every tokenizer study/data/tokenizer.py trains
+PreTrainingModel = BertForPreTraining | PreLNForPreTraining  # model.arch post_ln | pre_ln
 
 
 def bert_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig) -> BertConfig:
@@ -41,18 +46,23 @@ def bert_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig) -> BertConf
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, sentence_head: bool, impl: ImplConfig,
-                seed: int = 0) -> BertForPreTraining:
-    """A freshly initialised BertForPreTraining. Init draws from a forked RNG seeded by `seed`,
-    so ambient torch RNG state neither affects nor is affected by model creation.
+                seed: int = 0, pad_id: int = PAD_ID) -> PreTrainingModel:
+    """A freshly initialised model of `cfg.arch`: BertForPreTraining (post_ln) or PreLNForPreTraining
+    (pre_ln, study/model/preln.py; same `.bert` / `.cls` surface). Init draws from a forked RNG seeded by
+    `seed`, so ambient torch RNG state neither affects nor is affected by model creation.
 
-    `sentence_head` is kept for the contract: the NSP/SOP head always exists in
-    BertForPreTraining (so checkpoints stay standard); the loss simply skips it when False.
+    `sentence_head` is kept for the contract: the NSP/SOP head always exists (so checkpoints stay
+    standard); the loss simply skips it when False. `pad_id` is the tokenizer's [PAD] id, which the
+    pre-LN encoder's position ids count from (study/data/tokenizer.py puts [PAD] at 0).
     """
     if vocab_size < 8:
         raise StudyError(f"vocabulary of {vocab_size} is too small", field="tokenizer.vocab_size", allowed=">= 128")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = BertForPreTraining(bert_config(cfg, vocab_size, impl))
+        if cfg.arch == "pre_ln":
+            model = PreLNForPreTraining(preln_config(cfg, vocab_size, impl, pad_id))
+        else:
+            model = BertForPreTraining(bert_config(cfg, vocab_size, impl))
     model.sentence_head = sentence_head  # plain attribute, not saved; read by pretraining_loss callers
     return model
 
@@ -68,21 +78,31 @@ class LossOut:
     sentence_count: int
 
 
-def pretraining_loss(model: BertForPreTraining, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      token_type_ids: torch.Tensor, labels: torch.Tensor,
                      sentence_label: torch.Tensor | None = None, *, sparse: bool = True,
-                     accuracy: bool = True) -> LossOut:
+                     accuracy: bool = True, n_masked: int | None = None, sentence: bool | None = None) -> LossOut:
     """MLM (+ NSP/SOP when `sentence_label` has entries >= 0) loss of one batch.
 
     The MLM loss is the mean over masked tokens of the batch in both modes, so sparse and
     full heads give the same loss and the same gradients (tested). `accuracy=False` skips the
     argmax over the vocabulary (the training step never reads it; ~2% of a step of config b):
     the correct counts are then 0.
+
+    The training step passes what it knows on the host, so that nothing here reads the device (each such
+    read is a host sync on a GPU): `n_masked`, the number of labels != IGNORE, picks the masked rows with a
+    stable sort instead of a boolean index (the same rows in the same order, so the same loss and gradients);
+    `sentence` says whether any sentence label is >= 0. Left None, both are read from the tensors.
     """
     out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     seq, pooled = out[0], out[1]
     heads = model.cls
-    if sparse:
+    if sparse and n_masked is not None:
+        flat = labels.flatten()
+        rows = torch.argsort((flat == IGNORE).to(torch.int8), stable=True)[:n_masked]  # masked, in order
+        logits = heads.predictions(seq.flatten(0, 1).index_select(0, rows))
+        target = flat.index_select(0, rows)
+    elif sparse:
         sel = labels != IGNORE
         logits = heads.predictions(seq[sel])            # [n_masked, vocab]
         target = labels[sel]
@@ -94,12 +114,14 @@ def pretraining_loss(model: BertForPreTraining, input_ids: torch.Tensor, attenti
     mlm_correct = ((logits.argmax(-1) == target) & valid).sum() if accuracy else valid.new_zeros(())
     mlm_count = valid.sum()
     loss, s_loss, s_correct, s_count = mlm_loss, None, None, 0
-    if sentence_label is not None and bool((sentence_label >= 0).any()):
+    if sentence is None:
+        sentence = sentence_label is not None and bool((sentence_label >= 0).any())
+    if sentence:
         s_logits = heads.seq_relationship(pooled).float()
         sl = sentence_label.long()
         s_loss = F.cross_entropy(s_logits, sl, ignore_index=-1)
         s_correct = ((s_logits.argmax(-1) == sl) & (sl >= 0)).sum() if accuracy else sl.new_zeros(())
-        s_count = int((sl >= 0).sum())
+        s_count = int((sl >= 0).sum()) if accuracy else 0
         loss = mlm_loss + s_loss
     return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count)
 
@@ -185,7 +207,7 @@ for _kernel in ("eager", "sdpa"):  # registered once, at import, in every proces
     AttentionMaskInterface.register(f"bits-{_kernel}", AttentionMaskInterface._global_mapping[_kernel])
 
 
-def use_bits_dropout(model: BertForPreTraining) -> BertForPreTraining:
+def use_bits_dropout(model: PreTrainingModel) -> PreTrainingModel:
     """Switch `model` (in place) to bits_dropout: every nn.Dropout module and the attention
     probabilities. Nothing saved changes: `_attn_implementation` is not written by save_pretrained,
     so the checkpoint still names no custom code."""

@@ -8,22 +8,59 @@ damaged, the one before it is the fallback.
 
 RNG state (torch's CPU generator, and the CUDA one of the run's device) is captured per rank, so a
 resumed run draws the same dropout masks as an uninterrupted one.
+
+When (CheckpointClock): every impl.checkpoint_every steps when set, and whenever impl.checkpoint_minutes
+of wall time passed since the last checkpoint (or the session's start) when > 0, whichever comes first;
+the trainer adds one at the end of training and one on SIGTERM: the step in progress finishes, its
+checkpoint is written, and `Interrupted` is raised (no status is written: the run is pending and resumes
+from that checkpoint; `python -m study.pretrain` exits EXIT_INTERRUPTED = 143, 128 + SIGTERM).
+Where a checkpoint falls changes nothing trained (checkpoints draw no random numbers), so a time rule
+keeps resume bitwise on CPU.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
+from study.errors import Interrupted
 from study.io import atomic_write_bytes
+from study.runtime import Dist, all_reduce_sum
 
 CKPT_MAGIC = b"STUDYCKPT1\n"
 CKPT_FORMAT = 1
 KEEP_CHECKPOINTS = 2   # the newest may be damaged; the one before is the fallback
+
+
+@dataclass
+class TrainState:
+    """Everything the training loop needs to continue, besides model/optimizer/RNG (a checkpoint's
+    "state"). Plain values only."""
+
+    step: int = 0
+    tokens: int = 0          # non-pad tokens trained on (all ranks)
+    positions: int = 0       # positions computed (per micro-batch width: trimmed, or max_seq_len)
+    masked: int = 0          # MLM predictions trained on
+    sequences: int = 0
+    epoch: int = 0           # data position: batch `batch` of epoch `epoch` is next
+    batch: int = 0
+    train_s: float = 0.0     # seconds in training steps (not eval/checkpoint); drives `seconds` budgets
+    wall_s: float = 0.0      # wall seconds of all sessions up to the last checkpoint
+    history_bytes: int = 0   # history.jsonl is truncated to this on resume
+    started: str = ""
+    sessions: int = 0
+    last_eval: dict = field(default_factory=dict)
+    last_loss: float | None = None
+    window: dict = field(default_factory=dict)  # running sums since the last history line (resumed too)
 
 
 def checkpoint_path(d: Path, step: int) -> Path:
@@ -95,7 +132,67 @@ def rng_state(device: torch.device) -> dict:
     return out
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+def rng_states(device: torch.device, dist: Dist) -> list[dict]:
+    """rng_state of every rank, in rank order (a collective under DDP: every rank calls it)."""
+    mine = rng_state(device)
+    if not dist.on:
+        return [mine]
+    gathered = [None] * dist.world
+    torch.distributed.all_gather_object(gathered, {k: v.cpu() for k, v in mine.items()})
+    return gathered
+
+
+def set_rng_state(states: list[dict], rank: int, device: torch.device) -> bool:
+    """Restore `rank`'s state of a checkpoint's list (rng_states); False when the list has none for it."""
+    if rank >= len(states):
+        return False
+    torch.set_rng_state(states[rank]["torch"])
+    if device.type == "cuda" and "cuda" in states[rank]:
+        torch.cuda.set_rng_state(states[rank]["cuda"], device)
+    return True
+
+
+# --------------------------------------------------------------------------- when
+class CheckpointClock:
+    """The checkpoint rules of one training session (see the module doc) and its SIGTERM flag."""
+
+    def __init__(self, every: int | None, minutes: float):
+        self.every, self.seconds = every, 60.0 * minutes
+        self.last = time.monotonic()
+        self.stop_requested = False
+
+    def by_steps(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
+    def by_time(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+    def written(self) -> None:
+        self.last = time.monotonic()
+
+    def decide(self, step: int, log_step: bool, dist: Dist, device: torch.device) -> tuple[bool, bool]:
+        """(checkpoint now, stop now) after `step`. The step rule holds on every rank alike; the time rule
+        and SIGTERM are per process, so under DDP they act at log steps only, where rank 0's clock and any
+        rank's SIGTERM are shared (a collective every step would be a host sync every step)."""
+        if not dist.on:
+            return self.by_steps(step) or self.by_time(), self.stop_requested
+        if not log_step:
+            return self.by_steps(step), False
+        by_time, stop = all_reduce_sum([float(dist.main and self.by_time()), float(self.stop_requested)], dist, device)
+        return self.by_steps(step) or by_time > 0, stop > 0
+
+    @contextlib.contextmanager
+    def sigterm(self) -> Iterator[None]:
+        """SIGTERM sets stop_requested for the block (the previous handler is restored after). Only in the
+        main thread, the one Python delivers signals to; elsewhere SIGTERM keeps its handler."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        old = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.stop_requested = True

@@ -26,7 +26,8 @@ from study.paths import Layout
 from study.pretrain.evaluate import evaluate, reference_set, sentence_set
 from study.provenance import provenance
 from study.rundir import RunDir
-from study.runtime import load_pretrained, resolve
+from study.model.load import load_pretrained
+from study.runtime import resolve
 
 # Scoring the same weights on another thread count or device reorders float sums: the loss moves in
 # its last digits and an argmax whose top two logits tie within rounding may flip. Beyond that, the

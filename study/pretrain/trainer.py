@@ -11,23 +11,26 @@ What it guarantees (each one tested in tests/test_train.py):
   (torch's default generator, seeded from cfg.seed and saved/restored in every checkpoint). No
   numpy/python global RNG is used. A `seconds` budget cannot resume bitwise: its LR schedule follows
   wall-clock time.
-- Checkpoints (every impl.checkpoint_every steps and at the end of training): study/pretrain/checkpoint.py;
-  a damaged file is reported (warning + events.jsonl) and the previous one is used.
-- Non-finite loss or gradient norm: status "diverged" with step and loss, then `Diverged` is raised.
+- Checkpoints (study/pretrain/checkpoint.py): impl.checkpoint_every steps and/or impl.checkpoint_minutes,
+  the end, and SIGTERM (the step finishes and is saved, then `Interrupted`: no status, exit 143). A damaged
+  file is reported (warning + events.jsonl) and the previous one is used.
+- One host sync per log window (impl.log_every) or eval/checkpoint: steps leave losses and grad norms on
+  the device (study/pretrain/step.py), `_sync` reads them in one transfer and finds a non-finite one before
+  anything of it is written: status "diverged" with the first bad step and its loss, then `Diverged`.
   Test hook: env STUDY_INJECT_NAN_AT_STEP=k makes the loss of step k (1-based) NaN.
 - DDP: under torchrun (WORLD_SIZE > 1) the global batch is split across ranks (gloo on CPU, nccl on
   CUDA; study/runtime.py sets the group up); masks are keyed by global instance index, and losses are
   weighted by the GLOBAL number of masked tokens (study/pretrain/step.py), so grad accumulation and DDP
   give the gradient of the one big batch. Only rank 0 writes.
 - `impl` settings are speed-only (proven loss-neutral by tests), which is why they are not hashed.
-  impl.compile is refused (StudyError) until a test proves it loss-neutral. One of them,
+  impl.pad_to="max" pads batches to max_seq_len (static shapes, which impl.compile needs). One of them,
   impl.dropout_masks, changes which random stream picks the dropout masks (not their distribution or
   arithmetic), so its test is statistical: the curve moves no further than another dropout stream moves it.
 - Files (through study/rundir.py's RunDir) besides the contract's: events.jsonl (one line per session
   start, resume, rejected checkpoint, divergence; never truncated) so history.jsonl of a resumed run
   equals an uninterrupted run's.
 - Driver: `python -m study.pretrain CONFIG.json --results DIR` (also under torchrun; `python -m
-  study.pretrain.trainer` too); exit 2 / 3 as the CLI.
+  study.pretrain.trainer` too); exit 2 / 3 as the CLI, 143 when interrupted by SIGTERM.
 """
 from __future__ import annotations
 
@@ -41,7 +44,6 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -57,15 +59,17 @@ from study.data.batches import Batches
 from study.data.corpus import with_fingerprint
 from study.data.instances import build_instances
 from study.data.prepare import prepare_data
-from study.errors import EXIT_DIVERGED, EXIT_USAGE, Diverged, StudyError
+from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
 from study.io import atomic_dir, file_lock, read_json
 from study.model.bert import model_flops_per_token
 from study.paths import Layout
-from study.pretrain.checkpoint import (CKPT_FORMAT, load_latest_checkpoint, remove_checkpoints, rng_state,
-                                       set_rng_state, write_checkpoint)
+from study.pretrain.checkpoint import (CKPT_FORMAT, CheckpointClock, TrainState,
+                                       load_latest_checkpoint, remove_checkpoints, rng_states, set_rng_state,
+                                       write_checkpoint)
 from study.pretrain.evaluate import evaluate, matmul_peak_flops, reference_set, sentence_set
 from study.pretrain.schedule import Schedule, budget_progress
-from study.pretrain.step import LossModule, build_training_model, finite, make_optimizer, pretrain_step
+from study.pretrain.step import (LossModule, StepResult, build_training_model, finite, make_optimizer, pad_parts,
+                                 pretrain_step, read_steps)
 from study.provenance import provenance
 from study.rundir import RunDir
 from study.runtime import Runtime, barrier, broadcast, compute_init, dist_env, transformers_quiet
@@ -100,10 +104,9 @@ def check_config(cfg: RunConfig, world: int = 1) -> None:
     if cfg.model.hidden % cfg.model.heads:
         raise StudyError(f"hidden {cfg.model.hidden} not divisible by heads {cfg.model.heads}",
                          field="model.heads", allowed=f"a divisor of {cfg.model.hidden}")
-    if cfg.impl.compile:
-        # not proven loss-neutral by a test in this build, so it is refused rather than trusted
-        raise StudyError("torch.compile is not supported by this trainer build", field="impl.compile",
-                         allowed="false")
+    if cfg.impl.compile and cfg.impl.pad_to != "max":  # ImplConfig refuses it too, unless set unvalidated
+        raise StudyError("torch.compile needs static shapes: set impl.pad_to to max", field="impl.compile",
+                         allowed="false, or true with impl.pad_to=max")
 
 
 def _check_data(cfg: RunConfig, prepared, instances) -> int:
@@ -128,27 +131,6 @@ def _check_data(cfg: RunConfig, prepared, instances) -> int:
 
 
 # --------------------------------------------------------------------------- state
-@dataclass
-class TrainState:
-    """Everything the loop needs to continue, besides model/optimizer/RNG. Plain values only."""
-
-    step: int = 0
-    tokens: int = 0          # non-pad tokens trained on (all ranks)
-    positions: int = 0       # positions actually computed (trimmed padding included)
-    masked: int = 0          # MLM predictions trained on
-    sequences: int = 0
-    epoch: int = 0           # data position: batch `batch` of epoch `epoch` is next
-    batch: int = 0
-    train_s: float = 0.0     # seconds in training steps (not eval/checkpoint); drives `seconds` budgets
-    wall_s: float = 0.0      # wall seconds of all sessions up to the last checkpoint
-    history_bytes: int = 0   # history.jsonl is truncated to this on resume
-    started: str = ""
-    sessions: int = 0
-    last_eval: dict = field(default_factory=dict)
-    last_loss: float | None = None
-    window: dict = field(default_factory=dict)  # running sums since the last history line (resumed too)
-
-
 def _progress(cfg: RunConfig, st: TrainState) -> float:
     return budget_progress(cfg, st.step, st.tokens, st.train_s)
 
@@ -209,6 +191,9 @@ class Trainer:
         self.rd = RunDir(layout, cfg.run_hash())
         self.session_start = time.perf_counter()
         self.last_ckpt_step: int | None = None
+        self.clock = CheckpointClock(cfg.impl.checkpoint_every, cfg.impl.checkpoint_minutes)
+        self.pending: list[tuple[int, StepResult]] = []  # (step, result) not read back from the device yet
+        self.grad_norm = float("nan")  # of the last step read back
 
     # ---- small helpers
     def _report(self, msg: str) -> None:
@@ -242,7 +227,9 @@ class Trainer:
         prepared = self._prepare()
         inst0 = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
         vocab = _check_data(cfg, prepared, inst0)
-        self.batches = Batches(cfg, prepared, dist.rank, dist.world, inst0)
+        # On CUDA the epoch's rows live on the GPU and are masked there (bitwise the CPU's masks, tests/test_cuda.py)
+        self.batches = Batches(cfg, prepared, dist.rank, dist.world, inst0,
+                               device=device if device.type == "cuda" else None)
         self.batches.make(0, 0)  # masking errors (e.g. unsupported masking.unit) surface before the model
         self.ref, self.sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
         self.prepared, self.vocab = prepared, vocab
@@ -264,12 +251,13 @@ class Trainer:
         # one "start" line per session: where it began (search.py counts the tokens a session trained)
         self._event({"event": "start", "session": self.state.sessions, "tokens": self.state.tokens,
                      "resumed": self.state.step > 0, "world_size": dist.world, "device": str(device)})
-        self.step_module = LossModule(self.model, cfg.impl.sparse_head)
+        self.step_module = LossModule(self.model, cfg.impl.sparse_head, compile=cfg.impl.compile)
         if dist.on:
             self.step_module = DDP(self.step_module, device_ids=[device.index] if device.type == "cuda" else None,
                                    find_unused_parameters=cfg.objective.sentence == "none")
         try:
-            return self._loop()
+            with self.clock.sigterm():  # SIGTERM: the loop checkpoints after the step and raises Interrupted
+                return self._loop()
         finally:
             self.batches.close()
 
@@ -287,22 +275,16 @@ class Trainer:
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.state = TrainState(**ck["state"])
-        rng = ck["rng"]
-        if self.dist.rank < len(rng):
-            set_rng_state(rng[self.dist.rank], self.device)
-        else:
+        if not set_rng_state(ck["rng"], self.dist.rank, self.device):
             self._report(f"checkpoint has no RNG state for rank {self.dist.rank}; dropout reseeded")
         self._event({"event": "resume", "tokens": self.state.tokens, "from": f"step-{self.state.step:08d}.pt"})
 
     def _checkpoint(self) -> None:
+        self._sync()  # a non-finite step is never saved
         st, rd = self.state, self.rd
         st.wall_s += time.perf_counter() - self.session_start
         self.session_start = time.perf_counter()
-        rng = [rng_state(self.device)]
-        if self.dist.on:
-            gathered = [None] * self.dist.world
-            torch.distributed.all_gather_object(gathered, {k: v.cpu() for k, v in rng[0].items()})
-            rng = gathered
+        rng = rng_states(self.device, self.dist)
         if self.dist.main:
             st.history_bytes = rd.history_path.stat().st_size if rd.history_path.exists() else 0
             rd.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -313,6 +295,7 @@ class Trainer:
                               "budget": self.cfg.train.budget, "progress": _progress(self.cfg, st)},
                 "state": dataclasses.asdict(st), "rng": [{k: v.cpu() for k, v in r.items()} for r in rng]})
         self.last_ckpt_step = st.step
+        self.clock.written()
 
     # ---- one optimizer step
     def _train_step(self, batch: dict, lr: float):
@@ -320,20 +303,35 @@ class Trainer:
         target, _, at = (inject or "").rpartition(":")
         run_hash, step = self.cfg.run_hash(), self.state.step + 1
         poison = bool(inject) and target in ("", run_hash) and int(at) == step
-        return pretrain_step(self.step_module, self.model, self.opt, batch["parts"], lr, clip=self.cfg.train.clip,
+        parts = batch["parts"] if self.cfg.impl.pad_to == "batch" else \
+            pad_parts(batch["parts"], self.cfg.objective.max_seq_len, self.prepared.special.pad)  # static shapes
+        return pretrain_step(self.step_module, self.model, self.opt, parts, lr, clip=self.cfg.train.clip,
                              rt=self.rt, fused=self.fused, poison=poison,
                              mid_step=lambda: faults.point("train.step", f"{run_hash} step {step}"))
 
-    def _diverged(self, loss: float, gnorm: float) -> None:
-        st = self.state
+    def _sync(self) -> None:
+        """Read the steps run since the last sync back from the device (one transfer) and, in step order,
+        stop at the first non-finite one or add them to the log window and the counters."""
+        st, win, clip = self.state, self.state.window, self.cfg.train.clip
+        pending, self.pending = self.pending, []
+        for (step, _), v in zip(pending, read_steps([r for _, r in pending])):
+            if not finite(v.loss) or (clip > 0 and not finite(v.grad_norm)):
+                self._diverged(v.loss, v.grad_norm, step)
+            st.positions, st.masked, st.last_loss, self.grad_norm = (st.positions + v.positions,
+                                                                     st.masked + v.masked, v.loss, v.grad_norm)
+            for k, x in (("loss", v.loss), ("mlm", v.mlm), ("sent", v.sentence)):
+                win[k] += x
+
+    def _diverged(self, loss: float, gnorm: float, step: int) -> None:
         what = f"non-finite loss {loss}" if not finite(loss) else f"non-finite gradient norm {gnorm}"
         if self.dist.main:
-            self._event({"event": "diverged", "loss": str(loss), "grad_norm": str(gnorm)})
-            self.rd.write_status("diverged", f"{what} at step {st.step}", st.step, loss=str(loss))
-        raise Diverged(st.step, loss if not finite(loss) else gnorm)
+            self._event({"event": "diverged", "step": step, "loss": str(loss), "grad_norm": str(gnorm)})
+            self.rd.write_status("diverged", f"{what} at step {step}", step, loss=str(loss))
+        raise Diverged(step, loss if not finite(loss) else gnorm)
 
     # ---- evaluation (on rank 0, shared with the others)
     def _eval_event(self) -> dict:
+        self._sync()
         st = self.state
         res = evaluate(self.model, self.ref, self.sent, self.device, self.rt.autocast,
                        self.cfg.impl.sparse_head) if self.dist.main else None
@@ -380,38 +378,39 @@ class Trainer:
                 else:
                     p_after = (st.train_s + last_dt) / t.amount  # this step's length is not known yet
                 lr = t.lr * self.schedule.factor(p_before, p_after)
-                out = self._train_step(batch, lr)
-                loss, gnorm = out.loss, out.grad_norm
-                st.step += 1
-                if not finite(loss) or (t.clip > 0 and not finite(gnorm)):
-                    self._diverged(loss, gnorm)
-                st.tokens += batch["tokens"]
-                st.positions += out.positions
-                st.masked += out.masked
-                st.sequences += t.batch_size
+                self.pending.append((st.step + 1, self._train_step(batch, lr)))
+                st.step, st.tokens, st.sequences = st.step + 1, st.tokens + batch["tokens"], st.sequences + t.batch_size
                 st.epoch, st.batch = self.batches.next_position(st.epoch, st.batch)
+                log_now = st.step % cfg.impl.log_every == 0
+                eval_now = bool(cfg.impl.eval_every) and st.step % cfg.impl.eval_every == 0
+                ckpt_now, stop = self.clock.decide(st.step, log_now, self.dist, self.device)
+                if log_now or eval_now or ckpt_now or stop or _progress(cfg, st) >= 1.0:
+                    self._sync()  # inside the step's time: waiting for the device's queue is training time
                 dt = last_dt = time.perf_counter() - t0
                 st.train_s += dt
-                st.last_loss = loss
                 win = st.window
-                for k, v in (("n", 1), ("loss", loss), ("mlm", out.mlm), ("sent", out.sentence),
-                             ("tokens", batch["tokens"]), ("s", dt)):
+                for k, v in (("n", 1), ("tokens", batch["tokens"]), ("s", dt)):
                     win[k] += v
                 bar.update((1 if t.budget == "steps" else batch["tokens"] if t.budget == "tokens" else dt))
-                if st.step % cfg.impl.log_every == 0:
+                if log_now:
                     tps = win["tokens"] / win["s"] if win["s"] else None
                     self._log({"step": st.step, "tokens": st.tokens, "loss": win["loss"] / win["n"],
                                "mlm_loss": win["mlm"] / win["n"],
                                "sentence_loss": win["sent"] / win["n"] if cfg.objective.sentence != "none" else None,
-                               "lr": lr, "grad_norm": gnorm if finite(gnorm) else None, "tokens_per_s": tps,
-                               "epoch": st.epoch})
+                               "lr": lr, "grad_norm": self.grad_norm if finite(self.grad_norm) else None,
+                               "tokens_per_s": tps, "epoch": st.epoch})
                     bar.set_postfix(loss=f"{win['loss'] / win['n']:.3f}", tok_s=f"{tps:,.0f}" if tps else "-",
                                     refresh=False)
                     st.window = dict(empty)
-                if cfg.impl.eval_every and st.step % cfg.impl.eval_every == 0 and _progress(cfg, st) < 1.0:
+                if eval_now and _progress(cfg, st) < 1.0:
                     self._eval_event()
-                if st.step % cfg.impl.checkpoint_every == 0 and _progress(cfg, st) < 1.0:
+                if ckpt_now and _progress(cfg, st) < 1.0:
                     self._checkpoint()
+                if stop:  # SIGTERM: this step is done; save it and leave the run pending (resumable)
+                    if self.last_ckpt_step != st.step:
+                        self._checkpoint()
+                    self._event({"event": "interrupted", "signal": "SIGTERM", "tokens": st.tokens})
+                    raise Interrupted(st.step)
         finally:
             bar.close()
         if self.last_ckpt_step != st.step:
@@ -421,7 +420,7 @@ class Trainer:
         return self._finish()
 
     # ---- results
-    def _finish(self) -> dict:
+    def _finish(self) -> dict:  # every step is read back: the end's checkpoint or eval synced
         cfg, st, rd = self.cfg, self.state, self.rd
         wall = st.wall_s + (time.perf_counter() - self.session_start)
         ev = {k: v for k, v in st.last_eval.items() if k != "step"}
@@ -496,6 +495,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m study.pretrain") 
     except Diverged as exc:
         print(f"diverged: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
+    except Interrupted as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if dist_env().main:
         print(json.dumps({k: metrics[k] for k in ("ref_mlm_loss", "ref_mlm_acc", "steps", "tokens_seen")}))
     return 0

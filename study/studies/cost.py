@@ -59,7 +59,8 @@ def param_count(cfg: RunConfig) -> int:
     """Encoder + pooler parameters of the BERT this config builds (the MLM head's decoder is tied)."""
     m, v = cfg.model, cfg.tokenizer.vocab_size
     per_layer = 4 * m.hidden * m.hidden + 2 * m.hidden * m.intermediate + 9 * m.hidden + m.intermediate
-    return v * m.hidden + m.max_positions * m.hidden + m.layers * per_layer + m.hidden * m.hidden
+    pre_ln = 3 * m.hidden if m.arch == "pre_ln" else 0  # one more position row (RoBERTa's offset), a final LayerNorm
+    return v * m.hidden + m.max_positions * m.hidden + m.layers * per_layer + m.hidden * m.hidden + pre_ln
 
 
 def estimate_seconds(cfg: RunConfig) -> float:
