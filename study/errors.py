@@ -42,6 +42,11 @@ class Interrupted(KeyboardInterrupt):
     """A run stopped by SIGTERM after checkpointing `step`: resumable, no status written. A KeyboardInterrupt
     (as Ctrl-C), so code that records failures with `except Exception` lets it through unrecorded."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int | None):
         self.step = step
-        super().__init__(f"interrupted by SIGTERM at step {step}; checkpoint written, the run resumes from it")
+        super().__init__("interrupted by SIGTERM before a run's training step; nothing half-written, the "
+                         "next command starts over where it stopped" if step is None else
+                         f"interrupted by SIGTERM at step {step}; checkpoint written, the run resumes from it")
+
+    def __reduce__(self):   # a --jobs worker sends it back to the parent pickled: keep the step
+        return (type(self), (self.step,))

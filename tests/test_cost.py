@@ -166,3 +166,32 @@ def test_plan_times_the_training_codes_own_step_functions(spec, tmp_path, monkey
     assert calls["pretrain"] == [(2, t.lr, t.clip, t.weight_decay)] * 6   # 2 micro-batches: grad_accum
     assert finetune_seconds(cfg, Layout(root=tmp_path / "r"), {"SST-2": (1, False)}) > 0
     assert calls["finetune"] and set(calls["finetune"]) == {cfg.finetune.lr}
+
+
+def test_batched_seeds_are_timed_as_one_stacked_step(spec, tmp_path, monkeypatch):
+    """With impl.finetune_batched_seeds the plan times batched.py's own stacked step of all missing seeds
+    (SeedBatch.step on K batches) and pays it once per step, not once per seed."""
+    from study.downstream import batched
+    from study.studies import cost
+
+    widths = []
+    real_step = batched.SeedBatch.step
+
+    def step(self, i, batch, y, regression, w=None):
+        widths.append(tuple(batch["input_ids"].shape[:2]))
+        return real_step(self, i, batch, y, regression, w)
+
+    monkeypatch.setattr(batched.SeedBatch, "step", step)
+    monkeypatch.setattr(cost, "_STEP_TIMES", {})
+    cfg = load_study(spec).runs[0].config.model_copy(deep=True)
+    cfg.impl.finetune_batched_seeds = True
+    lay = Layout(root=tmp_path / "r")
+    monkeypatch.setattr(cost, "_classifier_step", lambda c, lengths, n=9, k=1: {1: 0.01, 3: 0.015}[k])
+    three = finetune_seconds(cfg, lay, {"SST-2": (3, False)})
+    one = finetune_seconds(cfg, lay, {"SST-2": (1, False)})
+    assert one < three < 3 * one   # 3 seeds stacked: 1.5x one seed's step, not 3x
+    monkeypatch.undo()
+    monkeypatch.setattr(batched.SeedBatch, "step", step)
+    monkeypatch.setattr(cost, "_STEP_TIMES", {})
+    assert cost._classifier_step(cfg, np.full(200, 12), k=3) > 0
+    assert widths and set(widths) == {(3, cfg.finetune.batch_size)}   # [K, batch, width] batches

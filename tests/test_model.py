@@ -273,6 +273,24 @@ def test_one_param_group_rule_partitions_every_model_as_both_old_rules(sentence_
             assert len(got) + len(decay["params"]) == len(list(m.parameters()))  # tied decoder counted once
 
 
+def test_bf16_on_a_cpu_without_bf16_hardware_is_warned_once(monkeypatch):
+    """Emulated bf16 (an AVX2-only CPU) ran a 512^3 matmul 45x slower than fp32: say so, once, keep bf16."""
+    import warnings
+
+    from study import runtime
+    cpu = torch.device("cpu")
+    for has, expect in ((True, 0), (None, 0), (False, 1)):
+        monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: has)
+        monkeypatch.setattr(runtime, "_WARNED", [])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert runtime.resolve_precision("bf16", cpu) is torch.bfloat16
+            assert runtime.resolve_precision("bf16", cpu) is torch.bfloat16
+            assert runtime.resolve_precision("auto", cpu) is None
+        assert len(seen) == expect
+        assert all("impl.precision: bf16" in str(w.message) for w in seen)
+
+
 def test_runtime_device_precision_and_threads(monkeypatch):
     from study.runtime import Dist, autocast_factory, resolve, resolve_device, resolve_precision, threads
 

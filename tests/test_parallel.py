@@ -96,3 +96,116 @@ def test_bad_jobs_exits_2_before_any_work(project: Path, capsys):
     assert main(["--results", "r", "pretrain", "par.yaml", "--jobs", "0"]) == 2
     assert "--jobs" in capsys.readouterr().err
     assert not (project / "r" / "runs").exists()
+
+
+# --------------------------------------------------------------------------- stopping (study/parallel.py)
+def _trainer_like(folder: str, key: int, self_term: bool = False) -> int:
+    """Stands in for a run: says it started, then 'trains' until SIGTERM, which (as the trainer does)
+    finishes the step, writes a checkpoint and raises Interrupted."""
+    import os
+    import signal
+    import time
+
+    from study.errors import Interrupted
+    stop = []
+    old = signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    try:
+        Path(folder, f"started-{key}").write_text(str(os.getpid()))
+        if self_term:
+            os.kill(os.getpid(), signal.SIGTERM)
+        for step in range(6000):   # 60 s at most
+            if stop:
+                Path(folder, f"checkpoint-{key}").write_text(str(step))
+                raise Interrupted(step)
+            time.sleep(0.01)
+        return key
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _wait_for(pred, timeout: float = 60.0) -> bool:
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _items(tmp_path: Path, n: int = 4, self_term_first: bool = False):
+    return [(k, (str(tmp_path), k, self_term_first and k == 0)) for k in range(n)]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_command_checkpoints_every_run_in_flight_and_starts_no_other(tmp_path: Path):
+    import multiprocessing
+    import os
+    import signal
+    import threading
+
+    from study.errors import Interrupted
+    from study.parallel import run_all
+
+    def term_when_both_started():
+        if _wait_for(lambda: len(list(tmp_path.glob("started-*"))) >= 2):
+            os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=term_when_both_started, daemon=True).start()
+    old = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted):
+        list(run_all(_trainer_like, _items(tmp_path), jobs=2, stop_timeout=60))
+    assert signal.getsignal(signal.SIGTERM) is old   # the command's own handler is restored
+    started = sorted(p.name for p in tmp_path.glob("started-*"))
+    assert started == ["started-0", "started-1"], started              # the queued runs never started
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-1"]
+    assert _wait_for(lambda: not multiprocessing.active_children(), 30)   # no orphan keeps training
+
+
+@pytest.mark.slow
+def test_one_interrupted_worker_stops_the_others(tmp_path: Path):
+    import multiprocessing
+
+    from study.errors import Interrupted
+    from study.parallel import run_all
+    with pytest.raises(Interrupted) as err:
+        list(run_all(_trainer_like, _items(tmp_path, self_term_first=True), jobs=2, stop_timeout=60))
+    assert isinstance(err.value.step, int)   # the worker's Interrupted crossed the process boundary whole
+    assert (tmp_path / "checkpoint-0").exists()
+    started = {p.name for p in tmp_path.glob("started-*")}
+    assert {f"checkpoint-{p[len('started-'):]}" for p in started} == {p.name for p in tmp_path.glob("checkpoint-*")}
+    assert len(started) <= 2   # at most the two first runs ever started
+    assert _wait_for(lambda: not multiprocessing.active_children(), 30)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_checkpoint_and_exit_when_the_command_is_killed(tmp_path: Path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    script = ("import sys; sys.path[:0] = [%r, %r]\n"
+              "from test_parallel import _trainer_like, _items\n"
+              "from pathlib import Path\n"
+              "from study.parallel import run_all\n"
+              "list(run_all(_trainer_like, _items(Path(%r)), jobs=2))\n"
+              % (str(Path(__file__).parent), str(Path(__file__).parents[1]), str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        assert _wait_for(lambda: len(list(tmp_path.glob("started-*"))) >= 2)
+        proc.send_signal(signal.SIGKILL)   # no handler can run: the workers must notice by themselves
+        proc.wait(10)
+        assert _wait_for(lambda: len(list(tmp_path.glob("checkpoint-*"))) == 2, 30)
+        pids = [int(p.read_text()) for p in tmp_path.glob("started-*")]
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"   # exited, not yet reaped
+        assert _wait_for(lambda: all(gone(p) for p in pids), 30)
+        assert len(list(tmp_path.glob("started-*"))) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()

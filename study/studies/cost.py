@@ -6,7 +6,9 @@ checkpoints and data preparation are not included (the plan says so).
 
 Fine-tuning is estimated the same way (`finetune_seconds`): its optimizer steps (from the task files'
 row counts, the caps, epochs and seeds) times fine-tuning's own step timed over shuffled batches of
-rows with the task's lengths, plus the forward passes of prediction and probe features. Row lengths
+rows with the task's lengths, plus the forward passes of prediction and probe features. With
+`impl.finetune_batched_seeds` the seeds of a task train as one stacked model, so the step timed is
+batched.py's stacked step of all of them and it is paid once, not once per seed. Row lengths
 come from the run's tokenizer when its data is prepared, else from word counts x 1.5 (what the
 8k-vocabulary cpu tokenizer gave on SST-2/MRPC: 1.40-1.56 tokens per word). Against measured cpu
 studies it came out 5-20% low (evaluation, model loading, tokenization are not in it).
@@ -147,13 +149,16 @@ def batch_width(lengths, batch: int) -> int:
     return max(1, round(float(np.mean(widths))))
 
 
-def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
+def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
     """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, optimizer, collate
     (pad to the batch's longest row) and step function (study.downstream.finetune.finetune_step), over
     shuffled batches with these row lengths (random ids: the cost does not depend on them), on the device
     and precision fine-tuning will use. The median of the steps after the first (which pays for
     allocation) is robust to a busy moment. On SST-2 (nsp cpu) it gave 40 ms where a real fine-tune took
-    50 ms per step, counting its model copy and dev prediction."""
+    50 ms per step, counting its model copy and dev prediction.
+
+    k > 1 times one step of k seeds stacked (`impl.finetune_batched_seeds`: study/downstream/batched.py's
+    own SeedBatch.step on k batches padded to their common width), the step that trains all k at once."""
     import torch
 
     from study.downstream.finetune import Classifier, Encoded, collate, finetune_optimizer, finetune_step
@@ -162,15 +167,19 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
     rt = resolve(cfg.impl)
     key = ("ft", cfg.model.model_dump_json(), vocab, ft.model_dump_json(), cfg.impl.model_dump_json(),
-           str(rt.device), np.asarray(lengths).tobytes())
+           str(rt.device), np.asarray(lengths).tobytes(), k)
     if key in _STEP_TIMES:
         return _STEP_TIMES[key]
     with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
         g = torch.Generator().manual_seed(0)  # local: planning never touches global RNG state
         rng = np.random.default_rng(0)
-        order = rng.permutation(len(lengths))[:n * ft.batch_size]
+        order = rng.permutation(len(lengths))[:n * ft.batch_size * k]
         rows = Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
                        [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
+        if k > 1:
+            times = _seed_batch_steps(cfg, rows, k, rt)
+            _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
+            return _STEP_TIMES[key]
         model = Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
                            cfg.model.init_range, g).to(rt.device)
         model.train()
@@ -185,6 +194,25 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9) -> float:
             times.append(time.perf_counter() - start)
     _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
     return _STEP_TIMES[key]
+
+
+def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
+    """Seconds of each stacked step of k seeds over `rows` (k batches per step), as batched.py trains."""
+    import torch
+
+    from study.downstream.batched import SeedBatch, collate_seeds
+    from study.model import build_model
+    ft = cfg.finetune
+    bert = build_model(cfg.model, cfg.tokenizer.vocab_size, False, cfg.impl).bert
+    sb = SeedBatch(cfg, bert, 2, list(range(k)), rt, total_steps=1000, warmup=0)
+    times, per = [], ft.batch_size
+    for step, b in enumerate(range(0, len(rows) - k * per + 1, k * per)):
+        idxs = [np.arange(b + j * per, b + (j + 1) * per) for j in range(k)]
+        y = torch.zeros(k, per, dtype=torch.long, device=rt.device)
+        start = time.perf_counter()
+        sb.step(step, collate_seeds(rows, idxs, rt.device), y, False)   # syncs: it returns the K losses
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) -> float | None:
@@ -212,10 +240,15 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
             _LENGTHS[key] = (row_lengths(cfg, layout, train), row_lengths(cfg, layout, dev))
         l_train, l_dev = _LENGTHS[key]
         width = batch_width(l_train, ft.batch_size)
-        step = _classifier_step(cfg, l_train)
-        per_token = step / (ft.batch_size * width) / 3  # a forward pass is about a third of a step
         steps = max(1, math.ceil(ft.epochs * math.ceil(len(l_train) / ft.batch_size)))
-        total += seeds * (steps * step + l_dev.sum() * per_token)
+        if cfg.impl.finetune_batched_seeds and seeds > 1:   # one stacked model trains every missing seed
+            step_k = _classifier_step(cfg, l_train, k=seeds)
+            per_token = step_k / (seeds * ft.batch_size * width) / 3
+            total += steps * step_k + seeds * l_dev.sum() * per_token
+        else:
+            step = _classifier_step(cfg, l_train)
+            per_token = step / (ft.batch_size * width) / 3  # a forward pass is about a third of a step
+            total += seeds * (steps * step + l_dev.sum() * per_token)
         if probe:
             total += (l_train.sum() + l_dev.sum()) * per_token
     return total
