@@ -18,7 +18,7 @@ from study.errors import StudyError
 PRETRAIN = "pretrain"  # the task and the mode of a pre-training metric in the tidy table
 
 # Quality metrics a finished pre-training run writes to metrics.json (docs/ARCHITECTURE.md).
-PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc")
+PRETRAIN_METRICS = ("ref_mlm_loss", "ref_mlm_acc", "ref_mask_acc", "ref_ppl", "sentence_acc")
 # Cost metrics (metrics.json / meta.json) carried as tidy rows too, so cost figures get seed CIs.
 COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
 # How a downstream result was obtained: full fine-tuning, or a linear probe on the frozen encoder.

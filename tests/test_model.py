@@ -179,6 +179,45 @@ def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
         assert r["ref_mlm_acc"] == pytest.approx(expected)
 
 
+def test_mask_position_accuracy_counts_only_positions_that_show_mask():
+    """ref_mask_acc / ref_mask_mode_acc score the asked positions whose input is [MASK] only: a model that
+    predicts one token everywhere gets that token's share among them, whatever the kept positions hold;
+    sparse and full heads agree."""
+    from study.pretrain.evaluate import EvalSet, evaluate
+    b = batch()
+    mask_id = 3
+    asked = b["labels"] != -100
+    shown = asked.clone()
+    shown[0] = False                              # row 0: the asked tokens shown unchanged (kept)
+    b["input_ids"][shown] = mask_id
+    b["input_ids"][0][asked[0]] = b["labels"][0][asked[0]]
+    b["labels"][1][asked[1]] = 7                  # token 7 is the answer at every [MASK] of row 1
+    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
+                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=mask_id)
+    at_mask = b["labels"][shown]
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
+    with torch.no_grad():
+        m.cls.predictions.bias.zero_()
+        m.cls.predictions.bias[7] = 1e4           # every position -> 7
+    for sparse in (True, False):
+        r = evaluate(m, es, None, torch.device("cpu"), sparse=sparse)
+        assert r["ref_mask_count"] == int(shown.sum()) > 0
+        assert r["ref_mask_acc"] == pytest.approx((at_mask == 7).float().mean().item())
+        assert r["ref_mask_mode_acc"] == pytest.approx(r["ref_mask_acc"])   # 7 is the mode there
+        assert r["ref_mlm_acc"] == pytest.approx((b["labels"][asked] == 7).float().mean().item())
+
+
+def test_the_plateau_test_uses_mask_positions_when_the_run_has_them():
+    """A run on the copy plateau (docs/RESULTS.md: 15% overall, 96% of kept tokens copied, 5.8% at [MASK]
+    against a 5.5% floor) passed the old test and fails the new one; a run scored before ref_mask_acc
+    existed keeps the old test."""
+    from study.report.aggregate import learned
+    old = {"ref_mlm_acc": 0.146, "ref_mode_acc": 0.0543, "ref_masked": 4711}
+    assert learned(old) is True
+    assert learned({**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is False
+    assert learned({**old, "ref_mask_acc": 0.20, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is True
+
+
 # --------------------------------------------------------------------------- bits dropout (impl.dropout_masks)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_bits_dropout_is_torch_dropout_given_its_mask(dtype):

@@ -76,6 +76,7 @@ class LossOut:
     mlm_count: torch.Tensor        # number of masked tokens
     sentence_correct: torch.Tensor | None
     sentence_count: int
+    mlm_hits: torch.Tensor | None = None   # with accuracy: correct or not, per asked position, row-major order
 
 
 def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -111,7 +112,8 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         target = labels.flatten()
     mlm_loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE)
     valid = target != IGNORE
-    mlm_correct = ((logits.argmax(-1) == target) & valid).sum() if accuracy else valid.new_zeros(())
+    hits = (logits.argmax(-1) == target) & valid if accuracy else None
+    mlm_correct = hits.sum() if accuracy else valid.new_zeros(())
     mlm_count = valid.sum()
     loss, s_loss, s_correct, s_count = mlm_loss, None, None, 0
     if sentence is None:
@@ -123,7 +125,9 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         s_correct = ((s_logits.argmax(-1) == sl) & (sl >= 0)).sum() if accuracy else sl.new_zeros(())
         s_count = int((sl >= 0).sum()) if accuracy else 0
         loss = mlm_loss + s_loss
-    return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count)
+    if hits is not None and not sparse:
+        hits = hits[valid]   # the full head scored every position: keep the asked ones, as the sparse head
+    return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float,

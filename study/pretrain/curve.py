@@ -9,7 +9,8 @@ Everything is read back from the run folder's history.jsonl (through RunDir), ne
 that trained it, so a curve of a run trained yesterday and one trained now are computed the same way:
 
 - one row per eval line: step, tokens, ref_mlm_acc, ref_mode_acc (the most-frequent-token floor),
-  ref_mlm_loss, ref_ppl, sentence_acc;
+  ref_mlm_loss, ref_ppl, sentence_acc, and ref_mask_acc / ref_mask_mode_acc (the same on the positions
+  that show [MASK]; empty for evals made before they existed);
 - `train_s`, seconds inside training steps up to that eval (evals and checkpoints excluded, like the
   run's metrics `time_s`): the log lines record each window's tokens/s, so the seconds of a window are
   its tokens over that rate; an eval between two log lines is interpolated in tokens. The final row
@@ -33,7 +34,8 @@ from study.paths import Layout
 from study.pretrain.trainer import train_run
 from study.rundir import RunDir
 
-COLUMNS = ("step", "tokens", "train_s", "ref_mlm_acc", "ref_mode_acc", "ref_mlm_loss", "ref_ppl", "sentence_acc")
+COLUMNS = ("step", "tokens", "train_s", "ref_mlm_acc", "ref_mode_acc", "ref_mlm_loss", "ref_ppl", "sentence_acc",
+           "ref_mask_acc", "ref_mask_mode_acc")   # the last two: [MASK] positions only (evaluate.py)
 
 
 @dataclass
@@ -178,17 +180,23 @@ def select_run(study, which: str | None):
     raise StudyError(f"no run with hash or label {which!r} in this spec", field="--run", allowed=", ".join(choices))
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}"
+
+
 def summary(curve: Curve, label: str, seed: int, ratio: float = 2.0) -> str:
     """The table `study curve` prints: one line per eval, then when the run first reached ratio x floor."""
     how = "trained now" if curve.trained else "read from the finished run"
     every = f"every {curve.every} steps" if curve.every else "one eval"
     lines = [f"run {curve.run_hash} ({label}, seed {seed}): {curve.status}, {how}; {len(curve.rows)} evals, {every}",
-             f"{'step':>7} {'tokens':>11} {'train_s':>8} {'acc%':>6} {'floor%':>6} {'acc/floor':>9} {'loss':>7}"]
+             f"{'step':>7} {'tokens':>11} {'train_s':>8} {'acc%':>6} {'floor%':>6} {'acc/floor':>9} {'loss':>7} "
+             f"{'[MASK]acc%':>10} {'floor%':>6}"]
     for r in curve.rows:
         secs = f"{r['train_s']:.1f}" if r["train_s"] is not None else "-"
         ratio_r = r["ref_mlm_acc"] / r["ref_mode_acc"] if r.get("ref_mode_acc") else float("nan")
         lines.append(f"{r['step']:>7} {r['tokens']:>11,} {secs:>8} {100 * r['ref_mlm_acc']:>6.2f} "
-                     f"{100 * (r['ref_mode_acc'] or float('nan')):>6.2f} {ratio_r:>9.2f} {r['ref_mlm_loss']:>7.3f}")
+                     f"{100 * (r['ref_mode_acc'] or float('nan')):>6.2f} {ratio_r:>9.2f} {r['ref_mlm_loss']:>7.3f} "
+                     f"{_pct(r.get('ref_mask_acc')):>10} {_pct(r.get('ref_mask_mode_acc')):>6}")
     hit = first_reaching(curve.rows, ratio)
     if hit is None:
         last = curve.rows[-1] if curve.rows else None

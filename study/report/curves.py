@@ -21,7 +21,8 @@ from study.io import atomic_write_bytes  # noqa: E402
 
 
 def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt.Figure:
-    """curves: label -> rows of a curve CSV (step, tokens, train_s, ref_mlm_acc, ref_mode_acc, ref_mlm_loss)."""
+    """curves: label -> rows of a curve CSV (step, tokens, train_s, ref_mlm_acc, ref_mode_acc, ref_mlm_loss,
+    and where present ref_mask_acc, drawn dotted)."""
     sns.set_theme(style="whitegrid", context="notebook", font_scale=0.8)
     fig, axes = plt.subplots(2, 2, figsize=(9.0, 6.4), squeeze=False)
     colours = dict(zip(curves, sns.color_palette(n_colors=max(len(curves), 1))))
@@ -38,6 +39,10 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
             pts = [r for r in rows if r.get(x) is not None]
             acc_ax.plot([r[x] for r in pts], [100 * r["ref_mlm_acc"] for r in pts], marker=".",
                         color=colours[label], label=label)
+            at_mask = [r for r in pts if r.get("ref_mask_acc") is not None]
+            if at_mask:   # dotted, same colour: the positions that show [MASK] only (no copying)
+                acc_ax.plot([r[x] for r in at_mask], [100 * r["ref_mask_acc"] for r in at_mask], linestyle=":",
+                            color=colours[label], label=f"{label}, at [MASK] only")
             loss_ax.plot([r[x] for r in pts], [r["ref_mlm_loss"] for r in pts], marker=".", color=colours[label])
         for floor, owners in floors.items():
             shared = len(floors) == 1

@@ -28,7 +28,7 @@ from study.metrics import COST_METRICS, parse_metric  # noqa: E402
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
-BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "sentence_acc", "mfu"}
+BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "ref_mask_acc", "sentence_acc", "mfu"}
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
 
 
