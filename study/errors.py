@@ -44,8 +44,8 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, step: int | None):
         self.step = step
-        super().__init__("interrupted by SIGTERM before a run's training step; nothing half-written, the "
-                         "next command starts over where it stopped" if step is None else
+        super().__init__("interrupted by SIGTERM; every run in training checkpointed and none was left "
+                         "half-written: the same command resumes" if step is None else
                          f"interrupted by SIGTERM at step {step}; checkpoint written, the run resumes from it")
 
     def __reduce__(self):   # a --jobs worker sends it back to the parent pickled: keep the step
