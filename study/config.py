@@ -209,6 +209,28 @@ class TrainConfig(Strict):
     eps: float = Field(default=1e-6, gt=0)
     clip: float = Field(default=1.0, ge=0)  # 0 disables clipping
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
+    # Sequence-length warmup (BERT's own recipe trained 90% of its steps at 128, then 512): the first
+    # `short_fraction` of the budget trains on rows of `short_len` tokens (same batch size in sequences),
+    # the rest at objective.max_seq_len. Short rows let a small model leave the unigram plateau (near-uniform
+    # attention over many positions) in far fewer steps (docs/RESULTS.md "the copy plateau"). Both left out
+    # of the hash while unset, so no existing run changes identity; short_fraction 0 means no warmup.
+    short_len: int | None = Field(default=None, ge=8, exclude_if=lambda v: v is None)
+    short_fraction: float = Field(default=0.0, ge=0, lt=1, exclude_if=lambda v: v == 0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_short_len_without_fraction(cls, data):
+        # no warmup (short_fraction 0, e.g. a factor level): one identity whatever short_len says
+        if isinstance(data, dict) and not data.get("short_fraction") and data.get("short_len") is not None:
+            data = {k: v for k, v in data.items() if k != "short_len"}
+        return data
+
+    @model_validator(mode="after")
+    def _short_first(self) -> "TrainConfig":
+        if self.short_fraction > 0 and self.short_len is None:
+            raise cross_field_error("train.short_len", f"train.short_fraction {self.short_fraction} needs the "
+                                    "length of the short rows", "an integer >= 8, below objective.max_seq_len")
+        return self
 
     @model_validator(mode="after")
     def _micro_batches(self) -> "TrainConfig":
@@ -323,6 +345,10 @@ class RunConfig(Strict):
         if self.objective.max_seq_len > positions:
             raise cross_field_error("objective.max_seq_len", f"{self.objective.max_seq_len} exceeds "
                                     f"model.max_positions ({positions})", f"<= model.max_positions ({positions})")
+        short = self.train.short_len
+        if short is not None and short >= self.objective.max_seq_len:
+            raise cross_field_error("train.short_len", f"{short} is not shorter than objective.max_seq_len "
+                                    f"({self.objective.max_seq_len})", f"8..{self.objective.max_seq_len - 1}")
         if self.finetune.max_length > positions:
             raise cross_field_error("finetune.max_length", f"{self.finetune.max_length} exceeds "
                                     f"model.max_positions ({positions})", f"8..{positions}")

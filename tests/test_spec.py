@@ -190,6 +190,10 @@ CROSS = {  # rules between fields: `study validate` names the dotted field and w
     "grad_accum": ("train: {batch_size: 30, grad_accum: 4}", "train.grad_accum: 7", "train.batch_size",
                    "a positive multiple of train.grad_accum (4)"),
     "heads": ("model: {hidden: 100, heads: 3}", "model.heads: 7", "model.heads", "a divisor of model.hidden (100)"),
+    "short_len_vs_seq": ("objective: {max_seq_len: 64}\n  train: {short_len: 64, short_fraction: 0.2}",
+                         "train.short_len: 1000, train.short_fraction: 0.3", "train.short_len", "8..63"),
+    "short_len_missing": ("train: {short_fraction: 0.2}", "train.short_fraction: 0.5", "train.short_len",
+                          "an integer >= 8, below objective.max_seq_len"),
 }
 
 

@@ -710,3 +710,37 @@ def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
     assert [e["step"] for e in events(krun) if e["event"] == "resume"] == [5]
     assert_same_weights(run, krun)
     assert stable_history(run) == stable_history(krun)
+
+
+def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, layout, monkeypatch):
+    """train.short_len/short_fraction: the first steps (progress < short_fraction) train on rows of
+    short_len tokens, the rest on max_seq_len rows; the reference eval stays at max_seq_len. SIGTERM
+    before and after the switch resumes bitwise (the phase and its data position are in the checkpoint)."""
+    cfg = make_cfg(corpus, train__amount=20, train__short_len=8, train__short_fraction=0.4,
+                   impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    plain = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    assert cfg.run_hash() != plain.run_hash()
+    ref = layout("ref")
+    train_run(cfg, ref, quiet=True)
+    run_dir = ref.run_dir(cfg.run_hash())
+    steps = [h for h in history(run_dir) if "loss" in h]
+    per_step = np.diff([0] + [h["tokens"] for h in steps])
+    B = cfg.train.batch_size
+    assert all(t <= B * 8 for t in per_step[:8])            # steps 1-8: 40% of 20
+    assert max(per_step[8:]) > B * 8                       # then full-length rows
+    ev = [h["eval"] for h in history(run_dir) if "eval" in h][-1]
+    plain_lay = layout("plain")
+    train_run(plain, plain_lay, quiet=True)
+    plain_ev = [h["eval"] for h in history(plain_lay.run_dir(plain.run_hash())) if "eval" in h][-1]
+    assert ev["ref_masked"] == plain_ev["ref_masked"]      # the same reference questions
+    lay = layout("b")
+    for stop in (5, 13):                                   # once in each phase
+        _sigterm_at(monkeypatch, stop)
+        with pytest.raises(Interrupted):
+            train_run(cfg, lay, quiet=True)
+        monkeypatch.undo()
+    train_run(cfg, lay, quiet=True)
+    run = lay.run_dir(cfg.run_hash())
+    assert [e["step"] for e in events(run) if e["event"] == "resume"] == [5, 13]
+    assert_same_weights(run_dir, run)
+    assert stable_history(run_dir) == stable_history(run)

@@ -53,6 +53,7 @@ class TrainState:
     sequences: int = 0
     epoch: int = 0           # data position: batch `batch` of epoch `epoch` is next
     batch: int = 0
+    phase: int = 1           # 0: the short rows of train.short_len (epochs counted apart), 1: max_seq_len
     train_s: float = 0.0     # seconds in training steps (not eval/checkpoint); drives `seconds` budgets
     wall_s: float = 0.0      # wall seconds of all sessions up to the last checkpoint
     history_bytes: int = 0   # history.jsonl is truncated to this on resume

@@ -22,6 +22,11 @@ What it guarantees (each one tested in tests/test_train.py):
   CUDA; study/runtime.py sets the group up); masks are keyed by global instance index, and losses are
   weighted by the GLOBAL number of masked tokens (study/pretrain/step.py), so grad accumulation and DDP
   give the gradient of the one big batch. Only rank 0 writes.
+- Sequence-length warmup (train.short_len / short_fraction, semantic): while the budget's progress is
+  below short_fraction the batches come from a second Batches over rows of short_len tokens (their own
+  epochs and data order, a pure function of the config like the others); then data restarts at epoch 0
+  of the max_seq_len rows. The phase is in the checkpoint's state, so a resume on either side of the
+  switch is bitwise. The reference eval is always at max_seq_len.
 - `impl` settings are speed-only (proven loss-neutral by tests), which is why they are not hashed.
   impl.pad_to="max" pads batches to max_seq_len (static shapes, which impl.compile needs). One of them,
   impl.dropout_masks, changes which random stream picks the dropout masks (not their distribution or
@@ -231,6 +236,13 @@ class Trainer:
         self.batches = Batches(cfg, prepared, dist.rank, dist.world, inst0,
                                device=device if device.type == "cuda" else None)
         self.batches.make(0, 0)  # masking errors (e.g. unsupported masking.unit) surface before the model
+        self.short_batches = None
+        if cfg.train.short_len is not None:   # sequence-length warmup: its own rows, epochs and data order
+            short = cfg.model_copy(deep=True)
+            short.objective.max_seq_len = cfg.train.short_len
+            self.short_batches = Batches(short, prepared, dist.rank, dist.world,
+                                         device=device if device.type == "cuda" else None)
+            self.short_batches.make(0, 0)
         self.ref, self.sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
         self.prepared, self.vocab = prepared, vocab
         if dist.main:
@@ -245,7 +257,7 @@ class Trainer:
         self.opt, self.fused = make_optimizer(cfg, self.model, device)
         self.schedule = Schedule(cfg.train.schedule, cfg.train.warmup)
         _seed_dropout(cfg.seed, dist.rank)
-        self.state = TrainState(started=_now())
+        self.state = TrainState(started=_now(), phase=0 if self.short_batches is not None else 1)
         self._resume()
         self.state.sessions += 1
         # one "start" line per session: where it began (search.py counts the tokens a session trained)
@@ -260,6 +272,8 @@ class Trainer:
                 return self._loop()
         finally:
             self.batches.close()
+            if self.short_batches is not None:
+                self.short_batches.close()
 
     def _resume(self) -> None:
         rd = self.rd
@@ -369,7 +383,8 @@ class Trainer:
         try:
             while _progress(cfg, st) < 1.0:
                 t0 = time.perf_counter()
-                batch = self.batches.get(st.epoch, st.batch)
+                source = self.short_batches if st.phase == 0 else self.batches
+                batch = source.get(st.epoch, st.batch)
                 p_before = _progress(cfg, st)
                 if t.budget == "steps":
                     p_after = (st.step + 1) / math.ceil(t.amount)
@@ -380,7 +395,9 @@ class Trainer:
                 lr = t.lr * self.schedule.factor(p_before, p_after)
                 self.pending.append((st.step + 1, self._train_step(batch, lr)))
                 st.step, st.tokens, st.sequences = st.step + 1, st.tokens + batch["tokens"], st.sequences + t.batch_size
-                st.epoch, st.batch = self.batches.next_position(st.epoch, st.batch)
+                st.epoch, st.batch = source.next_position(st.epoch, st.batch)
+                if st.phase == 0 and _progress(cfg, st) >= t.short_fraction:   # short rows done: full length
+                    st.phase, st.epoch, st.batch = 1, 0, 0
                 log_now = st.step % cfg.impl.log_every == 0
                 eval_now = bool(cfg.impl.eval_every) and st.step % cfg.impl.eval_every == 0
                 ckpt_now, stop = self.clock.decide(st.step, log_now, self.dist, self.device)

@@ -37,23 +37,29 @@ TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does 
 _LENGTHS: dict[tuple, tuple] = {}     # task row lengths per (task, caps, tokenizer) per process
 
 
+def _phases(cfg: RunConfig) -> list[tuple[float, int]]:
+    """(share of the budget, row length): one phase, or the short rows of train.short_len first."""
+    t, seq = cfg.train, cfg.objective.max_seq_len
+    return [(t.short_fraction, t.short_len), (1 - t.short_fraction, seq)] if t.short_len else [(1.0, seq)]
+
+
 def planned_steps(cfg: RunConfig) -> float | None:
     """Optimizer steps the budget allows; None for a wall-clock budget."""
-    t, seq = cfg.train, cfg.objective.max_seq_len
+    t = cfg.train
     if t.budget == "steps":
         return t.amount
     if t.budget == "tokens":
-        return t.amount / (t.batch_size * seq)
+        return sum(share * t.amount / (t.batch_size * length) for share, length in _phases(cfg))
     return None
 
 
 def planned_tokens(cfg: RunConfig) -> int | None:
     """Sequence slots the budget trains on (an upper bound on real tokens: short sequences pad)."""
-    t, seq = cfg.train, cfg.objective.max_seq_len
+    t = cfg.train
     if t.budget == "tokens":
         return int(t.amount)
     if t.budget == "steps":
-        return int(t.amount * t.batch_size * seq)
+        return int(sum(share * t.amount * t.batch_size * length for share, length in _phases(cfg)))
     return None
 
 
@@ -71,12 +77,20 @@ def estimate_seconds(cfg: RunConfig) -> float:
     steps = planned_steps(cfg)
     if steps is None:
         return cfg.train.amount
-    # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
-    key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, cfg.objective.max_seq_len, cfg.objective.sentence,
-           cfg.train.batch_size, cfg.train.grad_accum, cfg.train.clip, cfg.masking.rate, cfg.impl.model_dump_json())
-    if key not in _STEP_TIMES:
-        _STEP_TIMES[key] = time_pretrain_step(cfg)
-    return _STEP_TIMES[key] * steps
+    total, t = 0.0, cfg.train
+    for share, length in _phases(cfg):   # a sequence-length warmup times its short steps apart
+        phase = cfg
+        if length != cfg.objective.max_seq_len:
+            phase = cfg.model_copy(deep=True)
+            phase.objective.max_seq_len = length
+        # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
+        key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, length, cfg.objective.sentence,
+               t.batch_size, t.grad_accum, t.clip, cfg.masking.rate, cfg.impl.model_dump_json())
+        if key not in _STEP_TIMES:
+            _STEP_TIMES[key] = time_pretrain_step(phase)
+        n = share * t.amount if t.budget == "steps" else share * t.amount / (t.batch_size * length)
+        total += _STEP_TIMES[key] * n
+    return total
 
 
 def _synthetic_parts(cfg: RunConfig) -> list[dict]:
