@@ -210,8 +210,8 @@ class TrainConfig(Strict):
     clip: float = Field(default=1.0, ge=0)  # 0 disables clipping
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
     # Sequence-length warmup (BERT's own recipe trained 90% of its steps at 128, then 512): the first
-    # `short_fraction` of the budget trains on rows of `short_len` tokens (same batch size in sequences),
-    # the rest at objective.max_seq_len. Short rows let a small model leave the unigram plateau (near-uniform
+    # `short_fraction` of the budget trains on rows of `short_len` tokens (as many token slots per step:
+    # batch_size x (max_seq_len // short_len) rows), the rest at objective.max_seq_len. Short rows let a small model leave the unigram plateau (near-uniform
     # attention over many positions) in far fewer steps (docs/RESULTS.md "the copy plateau"). Both left out
     # of the hash while unset, so no existing run changes identity; short_fraction 0 means no warmup.
     short_len: int | None = Field(default=None, ge=8, exclude_if=lambda v: v is None)

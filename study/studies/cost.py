@@ -37,10 +37,13 @@ TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does 
 _LENGTHS: dict[tuple, tuple] = {}     # task row lengths per (task, caps, tokenizer) per process
 
 
-def _phases(cfg: RunConfig) -> list[tuple[float, int]]:
-    """(share of the budget, row length): one phase, or the short rows of train.short_len first."""
+def _phases(cfg: RunConfig) -> list[tuple[float, int, int]]:
+    """(share of the budget, row length, rows per step): one phase, or the short rows of train.short_len
+    first (as many token slots per step as a full batch, study.pretrain.trainer.short_rows)."""
     t, seq = cfg.train, cfg.objective.max_seq_len
-    return [(t.short_fraction, t.short_len), (1 - t.short_fraction, seq)] if t.short_len else [(1.0, seq)]
+    if not t.short_len:
+        return [(1.0, seq, t.batch_size)]
+    return [(t.short_fraction, t.short_len, t.batch_size * (seq // t.short_len)), (1 - t.short_fraction, seq, t.batch_size)]
 
 
 def planned_steps(cfg: RunConfig) -> float | None:
@@ -49,7 +52,7 @@ def planned_steps(cfg: RunConfig) -> float | None:
     if t.budget == "steps":
         return t.amount
     if t.budget == "tokens":
-        return sum(share * t.amount / (t.batch_size * length) for share, length in _phases(cfg))
+        return sum(share * t.amount / (rows * length) for share, length, rows in _phases(cfg))
     return None
 
 
@@ -59,7 +62,7 @@ def planned_tokens(cfg: RunConfig) -> int | None:
     if t.budget == "tokens":
         return int(t.amount)
     if t.budget == "steps":
-        return int(sum(share * t.amount * t.batch_size * length for share, length in _phases(cfg)))
+        return int(sum(share * t.amount * rows * length for share, length, rows in _phases(cfg)))
     return None
 
 
@@ -78,17 +81,17 @@ def estimate_seconds(cfg: RunConfig) -> float:
     if steps is None:
         return cfg.train.amount
     total, t = 0.0, cfg.train
-    for share, length in _phases(cfg):   # a sequence-length warmup times its short steps apart
+    for share, length, rows in _phases(cfg):   # a sequence-length warmup times its short steps apart
         phase = cfg
         if length != cfg.objective.max_seq_len:
             phase = cfg.model_copy(deep=True)
-            phase.objective.max_seq_len = length
+            phase.objective.max_seq_len, phase.train.batch_size = length, rows
         # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
         key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, length, cfg.objective.sentence,
-               t.batch_size, t.grad_accum, t.clip, cfg.masking.rate, cfg.impl.model_dump_json())
+               rows, t.grad_accum, t.clip, cfg.masking.rate, cfg.impl.model_dump_json())
         if key not in _STEP_TIMES:
             _STEP_TIMES[key] = time_pretrain_step(phase)
-        n = share * t.amount if t.budget == "steps" else share * t.amount / (t.batch_size * length)
+        n = share * t.amount if t.budget == "steps" else share * t.amount / (rows * length)
         total += _STEP_TIMES[key] * n
     return total
 
