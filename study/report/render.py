@@ -342,8 +342,14 @@ def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> 
 # --------------------------------------------------------------------------- rendering
 def _env() -> jinja2.Environment:
     # autoescape=True for every template: study names, questions, labels and errors are user text.
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["pct"] = _pct   # a fraction as "12.3%"; missing (None) or NaN as "-"
+    return env
+
+
+def _pct(v) -> str:
+    return "-" if v is None or not isinstance(v, (int, float)) or v != v else f"{100 * v:.1f}%"
 
 
 def _data_uri(png: Path) -> str:
