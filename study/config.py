@@ -210,8 +210,8 @@ class TrainConfig(Strict):
     clip: float = Field(default=1.0, ge=0)  # 0 disables clipping
     eval_sequences: int = Field(default=512, ge=1)  # validation sequences in the fixed-reference eval
     # Sequence-length warmup (BERT's own recipe trained 90% of its steps at 128, then 512): the first
-    # `short_fraction` of the budget trains on rows of `short_len` tokens (as many token slots per step:
-    # batch_size x (max_seq_len // short_len) rows), the rest at objective.max_seq_len. Short rows let a small model leave the unigram plateau (near-uniform
+    # `short_fraction` of the budget trains on rows of `short_len` tokens (RunConfig.short_phase), the rest
+    # at objective.max_seq_len. Short rows let a small model leave the unigram plateau (near-uniform
     # attention over many positions) in far fewer steps (docs/RESULTS.md "the copy plateau"). Both left out
     # of the hash while unset, so no existing run changes identity; short_fraction 0 means no warmup.
     short_len: int | None = Field(default=None, ge=8, exclude_if=lambda v: v is None)
@@ -353,6 +353,19 @@ class RunConfig(Strict):
             raise cross_field_error("finetune.max_length", f"{self.finetune.max_length} exceeds "
                                     f"model.max_positions ({positions})", f"8..{positions}")
         return self
+
+    def short_phase(self) -> "RunConfig | None":
+        """The config the sequence-length warmup's batches are built from (None without one): rows of
+        train.short_len tokens, as many token slots per step as a full batch, i.e. batch_size x
+        (max_seq_len // short_len) rows (measured: a small batch of short rows leaves the plateau later per
+        token, docs/RESULTS.md); a multiple of batch_size, so grad_accum and the world size still split it."""
+        t = self.train
+        if t.short_len is None:
+            return None
+        out = self.model_copy(deep=True)
+        out.objective.max_seq_len = t.short_len
+        out.train.batch_size = t.batch_size * (self.objective.max_seq_len // t.short_len)
+        return out
 
     # ---- identities -------------------------------------------------------------
     def semantic(self) -> dict:

@@ -728,8 +728,7 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     B = cfg.train.batch_size
     assert all(B * 8 < t <= 4 * B * 8 for t in per_step[:8])   # steps 1-8 (40% of 20): 4 x B rows of 8
     assert all(t > B * 8 for t in per_step[8:])                # then B full-length rows
-    from study.pretrain.trainer import short_rows
-    assert short_rows(cfg) == 4 * B
+    assert cfg.short_phase().train.batch_size == 4 * B and cfg.short_phase().objective.max_seq_len == 8
     ev = [h["eval"] for h in history(run_dir) if "eval" in h][-1]
     plain_lay = layout("plain")
     train_run(plain, plain_lay, quiet=True)

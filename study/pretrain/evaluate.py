@@ -18,7 +18,7 @@ Two accuracies, each with its floor (always predicting the most frequent asked t
 - ref_mask_acc / ref_mask_mode_acc over the asked positions that show [MASK] (80% of them). The 10% shown
   unchanged are copied by any trained model, so ref_mlm_acc reads about 0.1 + 0.9 x mode (~15% at the
   cpu profile's vocabulary) for a model that knows nothing beyond unigrams; ref_mask_acc is what the
-  context taught it, and the plateau test (report.aggregate.learned_beyond_mode) uses it when present.
+  context taught it, and the plateau test (report.aggregate.learned) uses it when present.
 """
 from __future__ import annotations
 
@@ -136,6 +136,8 @@ def mode_accuracy(es: EvalSet, shown_mask: bool = False) -> float:
     input is [MASK] only (the floor of ref_mask_acc)."""
     sel = es.labels != -100
     if shown_mask:
+        if es.mask_id is None:   # a set built without its [MASK] id: no such positions to score
+            return float("nan")
         sel &= es.input_ids == es.mask_id
     asked = es.labels[sel]
     return float(torch.bincount(asked).max()) / asked.numel() if asked.numel() else float("nan")

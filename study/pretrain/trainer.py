@@ -23,11 +23,11 @@ What it guarantees (each one tested in tests/test_train.py):
   weighted by the GLOBAL number of masked tokens (study/pretrain/step.py), so grad accumulation and DDP
   give the gradient of the one big batch. Only rank 0 writes.
 - Sequence-length warmup (train.short_len / short_fraction, semantic): while the budget's progress is
-  below short_fraction the batches come from a second Batches over rows of short_len tokens, as many
-  tokens per step as a full batch (batch_size x (max_seq_len // short_len) rows: measured, a small batch
-  of short rows leaves the plateau later per token, docs/RESULTS.md), their own epochs and data order (a
-  pure function of the config like the others); then data restarts at epoch 0 of the max_seq_len rows. The phase is in the checkpoint's state, so a resume on either side of the
-  switch is bitwise. The reference eval is always at max_seq_len.
+  below short_fraction the batches come from a second Batches over the short rows of
+  RunConfig.short_phase (as many token slots per step as a full batch), with their own epochs and data
+  order (a pure function of the config like the others); then data restarts at epoch 0 of the
+  max_seq_len rows. The phase is in the checkpoint's state, so a resume on either side of the switch is
+  bitwise. The reference eval is always at max_seq_len.
 - `impl` settings are speed-only (proven loss-neutral by tests), which is why they are not hashed.
   impl.pad_to="max" pads batches to max_seq_len (static shapes, which impl.compile needs). One of them,
   impl.dropout_masks, changes which random stream picks the dropout masks (not their distribution or
@@ -162,12 +162,6 @@ def finished_metrics(rd: RunDir) -> dict | None:
     return (rd.metrics() or None) if st.done else None
 
 
-def short_rows(cfg: RunConfig) -> int:
-    """Rows per step of the sequence-length warmup: a full batch's token slots, in rows of short_len (a
-    multiple of batch_size, so grad_accum and the world size still split it)."""
-    return cfg.train.batch_size * (cfg.objective.max_seq_len // cfg.train.short_len)
-
-
 def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEval | None = None) -> dict:
     """Train one run into layout.run_dir(cfg.run_hash()) and return its metrics (see module doc)."""
     dist = dist_env()
@@ -244,10 +238,7 @@ class Trainer:
                                device=device if device.type == "cuda" else None)
         self.batches.make(0, 0)  # masking errors (e.g. unsupported masking.unit) surface before the model
         self.short_batches = None
-        if cfg.train.short_len is not None:   # sequence-length warmup: its own rows, epochs and data order
-            short = cfg.model_copy(deep=True)
-            short.objective.max_seq_len = cfg.train.short_len
-            short.train.batch_size = short_rows(cfg)
+        if (short := cfg.short_phase()) is not None:   # sequence-length warmup: its own rows, epochs, order
             self.short_batches = Batches(short, prepared, dist.rank, dist.world,
                                          device=device if device.type == "cuda" else None)
             self.short_batches.make(0, 0)

@@ -349,7 +349,7 @@ def _env() -> jinja2.Environment:
 
 
 def _pct(v) -> str:
-    return "-" if v is None or not isinstance(v, (int, float)) or v != v else f"{100 * v:.1f}%"
+    return f"{100 * v:.1f}%" if finite(v) else "-"
 
 
 def _data_uri(png: Path) -> str:

@@ -37,13 +37,16 @@ TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does 
 _LENGTHS: dict[tuple, tuple] = {}     # task row lengths per (task, caps, tokenizer) per process
 
 
-def _phases(cfg: RunConfig) -> list[tuple[float, int, int]]:
-    """(share of the budget, row length, rows per step): one phase, or the short rows of train.short_len
-    first (as many token slots per step as a full batch, study.pretrain.trainer.short_rows)."""
-    t, seq = cfg.train, cfg.objective.max_seq_len
-    if not t.short_len:
-        return [(1.0, seq, t.batch_size)]
-    return [(t.short_fraction, t.short_len, t.batch_size * (seq // t.short_len)), (1 - t.short_fraction, seq, t.batch_size)]
+def _phases(cfg: RunConfig) -> list[tuple[float, RunConfig]]:
+    """(share of the budget, the config its steps train): one phase, or the sequence-length warmup's short
+    rows (RunConfig.short_phase) first."""
+    short = cfg.short_phase()
+    return [(1.0, cfg)] if short is None else [(cfg.train.short_fraction, short), (1 - cfg.train.short_fraction, cfg)]
+
+
+def _slots(c: RunConfig) -> int:
+    """Token slots of one step of `c`."""
+    return c.train.batch_size * c.objective.max_seq_len
 
 
 def planned_steps(cfg: RunConfig) -> float | None:
@@ -52,7 +55,7 @@ def planned_steps(cfg: RunConfig) -> float | None:
     if t.budget == "steps":
         return t.amount
     if t.budget == "tokens":
-        return sum(share * t.amount / (rows * length) for share, length, rows in _phases(cfg))
+        return sum(share * t.amount / _slots(c) for share, c in _phases(cfg))
     return None
 
 
@@ -62,7 +65,7 @@ def planned_tokens(cfg: RunConfig) -> int | None:
     if t.budget == "tokens":
         return int(t.amount)
     if t.budget == "steps":
-        return int(sum(share * t.amount * rows * length for share, length, rows in _phases(cfg)))
+        return int(sum(share * t.amount * _slots(c) for share, c in _phases(cfg)))
     return None
 
 
@@ -81,17 +84,13 @@ def estimate_seconds(cfg: RunConfig) -> float:
     if steps is None:
         return cfg.train.amount
     total, t = 0.0, cfg.train
-    for share, length, rows in _phases(cfg):   # a sequence-length warmup times its short steps apart
-        phase = cfg
-        if length != cfg.objective.max_seq_len:
-            phase = cfg.model_copy(deep=True)
-            phase.objective.max_seq_len, phase.train.batch_size = length, rows
+    for share, c in _phases(cfg):   # a sequence-length warmup times its short steps apart
         # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
-        key = (cfg.model.model_dump_json(), cfg.tokenizer.vocab_size, length, cfg.objective.sentence,
-               rows, t.grad_accum, t.clip, cfg.masking.rate, cfg.impl.model_dump_json())
+        key = (c.model.model_dump_json(), c.tokenizer.vocab_size, c.objective.max_seq_len, c.objective.sentence,
+               c.train.batch_size, t.grad_accum, t.clip, c.masking.rate, c.impl.model_dump_json())
         if key not in _STEP_TIMES:
-            _STEP_TIMES[key] = time_pretrain_step(phase)
-        n = share * t.amount if t.budget == "steps" else share * t.amount / (rows * length)
+            _STEP_TIMES[key] = time_pretrain_step(c)
+        n = share * t.amount if t.budget == "steps" else share * t.amount / _slots(c)
         total += _STEP_TIMES[key] * n
     return total
 
