@@ -20,7 +20,8 @@ parent (measured here: orphans trained on for minutes, halving the next command'
 whose run was interrupted would take the next queued run. So:
 - the parent turns SIGTERM into `Interrupted`; on it, on Ctrl-C, or on any error it cancels the runs not
   started, sends SIGTERM to the workers (the trainer finishes its step, checkpoints and raises
-  `Interrupted`), waits for them, and re-raises: the CLI exits 143 and the next command resumes;
+  `Interrupted`; again each second until the worker exits, then SIGKILL after `stop_timeout`), waits for
+  them, and re-raises: the CLI exits 143 and the next command resumes;
 - a worker dies with its parent (Linux: PR_SET_PDEATHSIG delivers SIGTERM, so it checkpoints too),
   ignores SIGINT (Ctrl-C reaches the whole process group; the parent decides), and once a run of its own
   was interrupted it starts no other.
@@ -28,10 +29,12 @@ whose run was interrupted would take the next queued run. So:
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -103,15 +106,30 @@ def _on_sigterm(signalled: list[int]) -> Callable[[], None]:
 
 
 def _stop(workers: list, timeout: float) -> None:
-    """SIGTERM each live worker (its run checkpoints and stops), then wait for all of them."""
-    for p in workers:
-        if p.is_alive():
+    """SIGTERM each live worker, again every second until it exits, and SIGKILL what is left after
+    `timeout` s. Why again: a run in flight takes every SIGTERM as the same stop request (it checkpoints
+    once), but a SIGTERM that arrives during the run is spent, and the idle worker then waits on the call
+    queue for good; that wait can be blocked by a queue lock that a sibling killed mid-get still holds (the
+    executor says so itself), so no sentinel ever reaches it. Seen in CI: a worker alive a minute later,
+    and the interpreter hung at exit joining it. A worker killed between its run's end and its result
+    message loses only that message, which a stopping command does not read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in workers if p.is_alive()]
+        left = deadline - time.monotonic()
+        if not alive or left <= 0:
+            break
+        for p in alive:
             try:
                 os.kill(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+        multiprocessing.connection.wait([p.sentinel for p in alive], min(1.0, left))
+    for p in alive:   # past the timeout: a run that cannot checkpoint in time loses its last steps
+        print(f"study: worker {p.pid} did not stop within {timeout:.0f} s of SIGTERM; killing it", file=sys.stderr)
+        p.kill()
     for p in workers:
-        p.join(timeout)
+        p.join(10)
 
 
 # --------------------------------------------------------------------------- in the workers
