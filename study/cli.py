@@ -137,10 +137,10 @@ def cmd_pretrain(args) -> int:
     the exit status says what happened (0 all done, 3 a run diverged, 1 a run failed) unless
     --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report.
     --jobs N trains N runs side by side, one process each (study/parallel.py)."""
-    from study.parallel import run_all, with_threads
+    from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
-    jobs = getattr(args, "jobs", 1)
+    jobs = resolve_jobs(getattr(args, "jobs", 1), [r.config for r in runs])
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
     for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):
@@ -195,9 +195,9 @@ def cmd_finetune(args) -> int:
     """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline.
     --jobs N fine-tunes N models side by side, one process each (study/parallel.py)."""
     from study.io import atomic_write_json
-    from study.parallel import run_all, with_threads
+    from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
-    jobs = getattr(args, "jobs", 1)
+    jobs = resolve_jobs(getattr(args, "jobs", 1), [r.config for r in study.runs])
     items = []  # (progress label, (kind, config, layout, quiet))
     if args.baseline:
         for key in args.baseline:
@@ -384,8 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec_cmd("report", cmd_report, "render the study's HTML report from its aggregate")
     run = spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)
     for sp in (pre, ft, run):
-        sp.add_argument("--jobs", type=int, default=1, help="runs trained / fine-tuned side by side, one process "
-                        "each with cores/N threads (speed only: the run hashes are unchanged; default 1)")
+        sp.add_argument("--jobs", default="1", help="runs trained / fine-tuned side by side, one process "
+                        "each with cores/N threads (speed only: the run hashes are unchanged; default 1); auto: "
+                        "one per core when the runs train on the CPU, 1 on an accelerator (the DVC stages' choice)")
     c = spec_cmd("curve", cmd_curve, "learning curve of one run: reference MLM accuracy/loss vs tokens and "
                  "seconds, evals every K steps (same run folder as the study's); CSV + PNG in results/curves/")
     c.add_argument("--run", help="the run's hash or label (default: the spec's first run)")

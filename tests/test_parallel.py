@@ -14,7 +14,7 @@ import pytest
 from study.cli import main
 from study.config import RunConfig
 from study.errors import StudyError
-from study.parallel import check_jobs, with_threads
+from study.parallel import check_jobs, resolve_jobs, with_threads
 
 SPEC = """
 name: par
@@ -101,6 +101,22 @@ def test_jobs_threads_and_bad_values():
         with pytest.raises(StudyError) as exc:
             check_jobs(bad)
         assert exc.value.field == "--jobs"
+
+
+def test_jobs_auto_is_one_per_core_on_the_cpu_and_one_on_an_accelerator(monkeypatch):
+    import torch
+
+    import study.runtime
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    cfgs = [RunConfig() for _ in range(6)]
+    assert resolve_jobs("auto", cfgs) == 4 and resolve_jobs("auto", cfgs[:3]) == 3 and resolve_jobs("AUTO", cfgs[:1]) == 1
+    assert resolve_jobs("2", cfgs) == 2 and resolve_jobs(3, cfgs) == 3
+    monkeypatch.setattr(study.runtime, "resolve_device", lambda name, dist=None: torch.device("cuda", 0))
+    assert resolve_jobs("auto", cfgs) == 1     # runs side by side would share the one device
+    for bad in ("two", "0", "1.5", ""):
+        with pytest.raises(StudyError) as exc:
+            resolve_jobs(bad, cfgs)
+        assert exc.value.field == "--jobs" and "auto" in exc.value.allowed
 
 
 def test_bad_jobs_exits_2_before_any_work(project: Path, capsys):

@@ -271,8 +271,9 @@ def pipeline_document(doc: dict) -> dict:
         # --keep-going: a failed/diverged run is recorded in its folder and the study goes on to its report.
         # The spec is a dependency: `dvc exp run -S SPEC:defaults.finetune.epochs=2` reruns the stage.
         stages[f"study-{name}"] = {
-            "cmd": " && ".join([_cmd("study pretrain", spec, args, "--quiet --keep-going"),
-                                _cmd("study finetune", spec, args, "--quiet"),
+            # --jobs auto: side by side on a CPU (one run per core), one at a time on an accelerator
+            "cmd": " && ".join([_cmd("study pretrain", spec, args, "--quiet --keep-going --jobs auto"),
+                                _cmd("study finetune", spec, args, "--quiet --jobs auto"),
                                 _cmd("study aggregate", spec, args, "--quiet"),
                                 _cmd("study report", spec, args, "--quiet"),
                                 _stamp(f"study-{name}", f"--of {_of(s)}")]),
