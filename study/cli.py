@@ -140,7 +140,9 @@ def cmd_pretrain(args) -> int:
     from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
-    jobs = resolve_jobs(getattr(args, "jobs", 1), [r.config for r in runs])
+    # auto is sized by the runs left to train: a finished or diverged run returns at once
+    todo = [r.config for r in runs if r.status(layout) not in ("done", "diverged")]
+    jobs = resolve_jobs(getattr(args, "jobs", 1), todo)
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
     for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):
@@ -197,7 +199,7 @@ def cmd_finetune(args) -> int:
     from study.io import atomic_write_json
     from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
-    jobs = resolve_jobs(getattr(args, "jobs", 1), [r.config for r in study.runs])
+    resolve_jobs(getattr(args, "jobs", 1), [])  # a bad --jobs fails here, before a skipped.json is written
     items = []  # (progress label, (kind, config, layout, quiet))
     if args.baseline:
         for key in args.baseline:
@@ -205,7 +207,7 @@ def cmd_finetune(args) -> int:
             if not matches:
                 raise StudyError(f"no run of this spec has the baseline {key}", field="--baseline",
                                  allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none")
-            items.append((f"baseline {key}", ("baseline", with_threads(matches[0].config, jobs), layout, args.quiet)))
+            items.append((f"baseline {key}", ("baseline", matches[0].config, layout, args.quiet)))
     else:
         runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
         for run in runs:
@@ -217,14 +219,16 @@ def cmd_finetune(args) -> int:
                 print(f"skip fine-tuning {run.label}: pre-training is {status}", file=sys.stderr)
                 continue
             items.append((f"finetune {run.run_hash} {run.label} seed{run.seed}",
-                          ("run", with_threads(run.config, jobs), layout, args.quiet)))
+                          ("run", run.config, layout, args.quiet)))
         if not args.run:  # a whole study: its baselines too (dvc.yaml runs them as their own stages)
             seen = set()
             for run in study.runs:
                 if run.config.finetune.baseline and run.config.baseline_key() not in seen:
                     seen.add(run.config.baseline_key())
                     items.append((f"baseline {run.config.baseline_key()}",
-                                  ("baseline", with_threads(run.config, jobs), layout, args.quiet)))
+                                  ("baseline", run.config, layout, args.quiet)))
+    jobs = resolve_jobs(getattr(args, "jobs", 1), [cfg for _, (_, cfg, _, _) in items])
+    items = [(label, (kind, with_threads(cfg, jobs), lay, quiet)) for label, (kind, cfg, lay, quiet) in items]
     for i, (label, (res, seconds)) in enumerate(run_all(finetune_one, items, jobs), 1):
         _progress(f"{label} ({i}/{len(items)}) done in {seconds:.0f} s: {_ft_summary(res)}  ({study.name} recipe)")
     return 0
@@ -298,6 +302,8 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
+    from study.parallel import resolve_jobs
+    resolve_jobs(args.jobs, [])  # a bad --jobs fails before the data is prepared
     args.keep_going, args.baseline, args.data = True, None, None
     for step in (cmd_prepare, cmd_pretrain, cmd_finetune, cmd_aggregate, cmd_report):
         step(args)

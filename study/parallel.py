@@ -48,14 +48,14 @@ T = TypeVar("T")
 
 def check_jobs(jobs: int) -> int:
     if not isinstance(jobs, int) or jobs < 1:
-        raise StudyError(f"--jobs must be a positive integer or auto, got {jobs!r}", field="--jobs",
+        raise StudyError(f"must be a positive integer or auto, got {jobs!r}", field="--jobs",
                          allowed=f"auto, or 1 .. {os.cpu_count() or 1} (the cores of this machine)")
     return jobs
 
 
 def resolve_jobs(value: int | str, configs: list[RunConfig]) -> int:
-    """--jobs as given (a positive integer, or `auto`) -> the number of worker processes. auto: one run per
-    core, at most one per run, when every run trains on the CPU (the small models of the smoke and cpu
+    """--jobs as given (a positive integer, or `auto`) -> the number of worker processes. auto, given the
+    configs of the runs left to do: one per core, at most one per run, when every run trains on the CPU (the small models of the smoke and cpu
     profiles train faster side by side than threaded: module doc); 1 when any run would use an
     accelerator (runs side by side would share one device). The generated DVC stages use auto."""
     if isinstance(value, str) and value.strip().lower() == "auto":

@@ -120,9 +120,11 @@ def test_jobs_auto_is_one_per_core_on_the_cpu_and_one_on_an_accelerator(monkeypa
 
 
 def test_bad_jobs_exits_2_before_any_work(project: Path, capsys):
-    assert main(["--results", "r", "pretrain", "par.yaml", "--jobs", "0"]) == 2
-    assert "--jobs" in capsys.readouterr().err
-    assert not (project / "r" / "runs").exists()
+    for cmd in ("pretrain", "finetune", "run"):
+        for bad in ("0", "many"):
+            assert main(["--results", "r", cmd, "par.yaml", "--jobs", bad]) == 2
+            assert "--jobs" in capsys.readouterr().err
+    assert not (project / "r").exists() or not any(p.is_file() for p in (project / "r").rglob("*"))
 
 
 # --------------------------------------------------------------------------- stopping (study/parallel.py)
