@@ -21,8 +21,14 @@ def git_info() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in PIPELINE_WRITES))
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+# Tracked files the pipeline itself rewrites (`study sync --stamp` replaces the committed placeholders in
+# pipeline/ when a stage runs, DVC writes dvc.lock): a change there is not a change to the code, and
+# without this every `dvc repro` in a fresh clone reported its results as made by "dirty" code.
+PIPELINE_WRITES = ("pipeline", "dvc.lock", "results", "reports")
 
 
 @functools.lru_cache(maxsize=None)

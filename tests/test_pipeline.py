@@ -480,3 +480,30 @@ def test_hash_keys_survive_dvcs_yaml_reader():
     """DVC reads study_runs.yaml with ruamel (YAML 1.2): a bare `12e345678901` would be the float inf."""
     doc = {"owners": {"12e345678901": "a", "13e345678901": "b", "0123": "c"}}
     assert YAML(typ="safe").load(render(doc)) == doc
+
+
+def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
+    """Provenance's "dirty" means changed code or specs, not the stamps a DVC stage rewrites."""
+    import subprocess
+
+    from study import provenance
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q")
+    for rel in ("study/x.py", "pipeline/study-a.json", "dvc.lock", "params.yaml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("0\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    monkeypatch.chdir(tmp_path)
+
+    def dirty():
+        provenance.git_info.cache_clear()
+        return provenance.git_info()["dirty"]
+    assert dirty() is False
+    (tmp_path / "pipeline" / "study-a.json").write_text("{}\n")
+    (tmp_path / "dvc.lock").write_text("1\n")
+    assert dirty() is False
+    (tmp_path / "study" / "x.py").write_text("1\n")
+    assert dirty() is True
