@@ -55,9 +55,10 @@ def check_jobs(jobs: int) -> int:
 
 def resolve_jobs(value: int | str, configs: list[RunConfig]) -> int:
     """--jobs as given (a positive integer, or `auto`) -> the number of worker processes. auto, given the
-    configs of the runs left to do: one per core, at most one per run, when every run trains on the CPU (the small models of the smoke and cpu
-    profiles train faster side by side than threaded: module doc); 1 when any run would use an
-    accelerator (runs side by side would share one device). The generated DVC stages use auto."""
+    configs of the runs left to do: one per core, at most one per run, when every run trains on the CPU
+    (the small models of the smoke and cpu profiles train faster side by side than threaded: module doc);
+    1 when any run would use an accelerator (runs side by side would share one device). The generated
+    DVC stages use auto."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         from study.runtime import resolve_device
         if any(resolve_device(c.impl.device).type != "cpu" for c in configs):

@@ -21,7 +21,8 @@ def git_info() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in PIPELINE_WRITES))
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                 *(f":(top,exclude){p}" for p in PIPELINE_WRITES))
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 

@@ -505,5 +505,9 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     (tmp_path / "pipeline" / "study-a.json").write_text("{}\n")
     (tmp_path / "dvc.lock").write_text("1\n")
     assert dirty() is False
+    monkeypatch.chdir(tmp_path / "study")   # the same answer from a subfolder
+    assert dirty() is False
     (tmp_path / "study" / "x.py").write_text("1\n")
+    assert dirty() is True
+    monkeypatch.chdir(tmp_path / "pipeline")
     assert dirty() is True
