@@ -300,6 +300,15 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_papers(args) -> int:
+    """The study's "beside the papers" rows as Markdown on stdout (from its aggregate, as the report)."""
+    from study.report.papers import papers_markdown
+    from study.report.render import load_study_dir
+    study, layout = _study(args), _layout(args)
+    print(papers_markdown(load_study_dir(layout.study_dir(study.name))), end="")
+    return 0
+
+
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
     from study.parallel import resolve_jobs
@@ -388,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
              "fields they lack (e.g. ref_mode_acc); exit 1 if stored scores do not reproduce", runs=True)
     spec_cmd("aggregate", cmd_aggregate, "build the study's tidy tables from its run folders")
     spec_cmd("report", cmd_report, "render the study's HTML report from its aggregate")
+    spec_cmd("papers", cmd_papers, "print the report's \"beside the papers\" rows as Markdown (from the aggregate)")
     run = spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)
     for sp in (pre, ft, run):
         sp.add_argument("--jobs", default="1", help="runs trained / fine-tuned side by side, one process "

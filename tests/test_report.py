@@ -470,3 +470,17 @@ def test_answer_gives_no_direction_from_runs_on_the_plateau(rendered, tmp_path):
     assert "no best level is named" in answer and "best model.layers" not in answer
     for kind in ("nsp", "replacement"):  # healthy fixtures: a direction (or a verdict), never the guard
         assert "not trained past the plateau" not in rendered(kind)[1]
+
+
+def test_papers_markdown_gives_the_reports_rows_and_verdicts(rendered):
+    """`study papers` (docs' replication table): the same comparison rows and verdicts as the HTML."""
+    from study.report.papers import papers_markdown
+    from study.report.render import load_study_dir
+    _, html, study_dir = rendered("nsp", evil=True)
+    md = papers_markdown(load_study_dir(study_dir))
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| column")]
+    html_rows = re.findall(r'<td class="(?:good|bad|meh)">([^<]+)</td></tr>', html)
+    assert rows and [r.rsplit("|", 2)[1].strip() for r in rows] == [v.strip() for v in html_rows]
+    sst2 = next(r for r in rows if r.startswith("| SST-2 | SST-2 finetune accuracy | BERT-base"))
+    assert sst2.rstrip(" |").endswith("disagrees")   # the planted effect contradicts BERT Table 5, as the HTML says
+    assert "arXiv:1810.04805, Table 5" in md and "Matched levels: ours `nsp` = paper \"BERT-base\"" in md

@@ -153,3 +153,30 @@ def reference_sections(sf) -> list[dict]:
                                     "cells": [("–" if r.values.get(c.name) is None else str(r.values[c.name]))
                                               for c in ref.columns]} for r in ref.rows]})
     return out
+
+
+def papers_markdown(sf) -> str:
+    """The report's "beside the papers" comparison rows as Markdown, for a results page that gathers
+    several studies (`study papers SPEC`; docs/RESULTS.md's replication table). Same rows and verdicts
+    as the HTML report: both come from reference_sections."""
+    name = sf.plan.get("name", "?")
+    out = []
+    for s in reference_sections(sf):
+        out += [f"**{name}** beside {s['citation']} ({s['verified']}). {s['scale']}", ""]
+        if s["matched"]:
+            out += ["Matched levels: " + "; ".join(f"ours `{ours}` = paper \"{paper}\""
+                                                   for ours, paper in s["matched"].items()) + ".", ""]
+        if s["rows"]:
+            out += ["| column | ours: task / metric | paper: from -> to | paper diff | ours diff | ours CI | direction |",
+                    "|---|---|---|---|---|---|---|"]
+            for r in s["rows"]:
+                unver = "" if r["paper_verified"] else " (unverified)"
+                out.append(f"| {r['column']} | {r['task']} {r['mode']} {r['metric']} | {r['paper_a_label']} "
+                           f"{r['paper_a']} -> {r['paper_b_label']} {r['paper_b']}{unver} | {r['paper_diff_s']} | "
+                           f"{r['ours_diff_s']} | {r['ours_ci_s']} | {r['verdict']} |")
+        else:
+            out.append(f"No row to compare: {s['note'] or 'no level of ours matches a paper row'}.")
+        if s["unmeasured"]:
+            out += ["", "Not measured in this study: " + ", ".join(s["unmeasured"]) + "."]
+        out.append("")
+    return "\n".join(out) if out else f"**{name}**: no published table is attached to this study's kind.\n"
