@@ -242,6 +242,39 @@ def test_workers_checkpoint_and_exit_when_the_command_is_killed(tmp_path: Path):
             proc.kill()
 
 
+@pytest.mark.slow
+def test_ctrl_c_to_the_process_group_checkpoints_every_run_in_flight(tmp_path: Path):
+    """Ctrl-C reaches the whole foreground process group: the workers ignore it, the command stops them
+    (SIGTERM: each run in flight checkpoints), no queued run starts, and nothing outlives the command.
+    Run in a session of its own, so the SIGINT reaches no process of the test runner."""
+    import subprocess
+    import sys
+    script = ("import os, signal, sys, threading, time; sys.path[:0] = [%r, %r]\n"
+              "from pathlib import Path\n"
+              "from test_parallel import _trainer_like, _items, _wait_for\n"
+              "from study.parallel import run_all\n"
+              "folder = Path(%r)\n"
+              "def ctrl_c():\n"
+              "    if _wait_for(lambda: len(list(folder.glob('started-*'))) >= 2):\n"
+              "        os.killpg(os.getpgrp(), signal.SIGINT)\n"
+              "threading.Thread(target=ctrl_c, daemon=True).start()\n"
+              "try:\n"
+              "    list(run_all(_trainer_like, _items(folder), jobs=2, stop_timeout=60))\n"
+              "except KeyboardInterrupt:\n"
+              "    import multiprocessing\n"
+              "    sys.exit(130 if not multiprocessing.active_children() else 1)\n"
+              "sys.exit(2)\n"
+              % (str(Path(__file__).parent), str(Path(__file__).parents[1]), str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        assert proc.wait(120) == 130   # KeyboardInterrupt re-raised, and no worker left behind
+        assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]
+        assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-1"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def _spends_one_sigterm_then_hangs(folder: str) -> None:
     """A worker whose run took the stop request, then blocks for good (as on a queue lock a killed sibling
     held): only a second SIGTERM, now at its default action, ends it."""
