@@ -53,15 +53,19 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from study.studies.cost import estimate_seconds, param_count, planned_tokens, study_finetune_seconds
+    from study.parallel import resolve_jobs, with_threads
+    from study.studies.cost import (estimate_seconds, makespan, param_count, planned_tokens,
+                                    study_finetune_seconds)
     study, layout = _study(args), _layout(args)
     if args.detect is not None:
         return _plan_detect(args, study, layout)
-    ft_runs, ft_base = ({}, None) if args.no_time else study_finetune_seconds(study.runs, layout)
+    # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
+    jobs = resolve_jobs(args.jobs, [r.config for r in study.runs if r.status(layout) not in ("done", "diverged")])
+    ft_runs, ft_base = ({}, {}) if args.no_time else study_finetune_seconds(study.runs, layout, jobs)
     rows = []
     for run in study.runs:
         t = run.config.train
-        secs = None if args.no_time else estimate_seconds(run.config)
+        secs = None if args.no_time else estimate_seconds(with_threads(run.config, jobs))
         ft = ft_runs.get(run.run_hash)
         rows.append({"hash": run.run_hash, "label": run.label, "seed": run.seed, "status": run.status(layout),
                      "factors": run.factors, "est_tokens": planned_tokens(run.config),
@@ -78,15 +82,19 @@ def cmd_plan(args) -> int:
         print(f"{r['hash']:12}  {r['status']:8}  {r['seed']:>4}  {r['params_M']:>6}M  "
               f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}")
     total = sum(r["est_tokens"] or 0 for r in rows)
-    pending = sum(r["est_seconds"] or 0 for r in rows if r["status"] != "done")
+    pending = [r["est_seconds"] or 0 for r in rows if r["status"] != "done"]
     print(f"total: {total:,} training tokens")
     if args.no_time:
         print("time: not estimated (--no-time)")
         return 0
-    ft = [*ft_runs.values(), ft_base]
-    ft_text = "unknown (task data not on disk)" if None in ft else f"~{sum(ft) / 60:.0f} min"
-    print(f"still to do on this machine: pre-training ~{pending / 60:.0f} min, fine-tuning and probes "
-          f"{ft_text} (measured step times x steps; data preparation and evaluation not included)")
+    ft = [*ft_runs.values(), *ft_base.values()]
+    ft_text = ("unknown (task data not on disk)" if None in ft else
+               f"~{sum(ft) / 60:.0f} min" if jobs == 1 else f"~{makespan(ft, jobs) / 60:.0f} min wall")
+    pre_text = f"~{sum(pending) / 60:.0f} min" if jobs == 1 else \
+        f"~{makespan(pending, jobs) / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
+    print(f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "
+          f"step times x steps{'; side-by-side contention not modelled' if jobs > 1 else ''}; data preparation "
+          "and evaluation not included)")
     return 0
 
 
@@ -381,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = spec_cmd("plan", cmd_plan, "the runs table: hash, factors, status, estimated tokens and time")
     plan.add_argument("--json", action="store_true")
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
+    plan.add_argument("--jobs", default="1", help="estimate for `--jobs N|auto`: each run timed with cores/N "
+                      "threads, the wall time scheduled over N workers")
     plan.add_argument("--detect", metavar="EFFECT", help="instead of the runs table: pre-training seeds needed to "
                       "detect this difference on the primary metric (1pp, or 0.01 in the metric's units)")
     plan.add_argument("--sd", type=float, help="with --detect: SD of paired differences between seeds (default: "

@@ -57,13 +57,24 @@ def test_plan_json_has_tokens_and_both_times(spec, tmp_path, capsys):
     assert main(["--results", str(tmp_path / "r"), "plan", str(spec)]) == 0
     out = capsys.readouterr().out
     assert "still to do on this machine: pre-training ~" in out and "fine-tuning and probes ~" in out
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "min wall (" in out and "2 at a time" in out and "contention not modelled" in out
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--jobs", "0"]) == 2
+
+
+def test_makespan_schedules_longest_first():
+    from study.studies.cost import makespan
+    assert makespan([5, 1, 1, 1], 2) == 5 and makespan([1, 1, 1, 1], 2) == 2
+    assert makespan([3, 1, 2], 1) == 6 and makespan([], 3) == 0 and makespan([2, 2], 8) == 2
 
 
 def test_finetune_estimate_counts_only_what_is_not_written(spec, tmp_path):
     study, lay = load_study(spec), Layout(root=tmp_path / "r")
-    per_run, base = study_finetune_seconds(study.runs, lay)
+    per_run, bases = study_finetune_seconds(study.runs, lay)
+    assert len(bases) == 1   # the runs differ only in objective: they share one random-init baseline
+    base = sum(bases.values())
     assert all(v > 0 for v in per_run.values()) and base > 0
-    # the runs differ only in objective: they share one random-init baseline, counted once
     assert base == pytest.approx(per_run[study.runs[0].run_hash], rel=0.5)
     done = study.runs[0]
     fh = done.config.finetune_hash()

@@ -280,13 +280,25 @@ def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
     return {task: (missing(task, "finetune"), ft.probe and missing(task, "probe") > 0) for task in ft.tasks}
 
 
-def study_finetune_seconds(runs, layout) -> tuple[dict[str, float | None], float | None]:
-    """Fine-tuning still to do for a study's runs (per run hash) and their random-init baselines
-    (together: runs share them). A None anywhere means some task's size is unknown here."""
-    per_run = {r.run_hash: finetune_seconds(r.config, layout, _todo(r.config, layout, r.run_hash)) for r in runs}
-    seen: dict[str, float | None] = {}
+def study_finetune_seconds(runs, layout, jobs: int = 1) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Fine-tuning still to do for a study's runs (per run hash) and for their random-init baselines (per
+    baseline key: runs share them). A None means that task's size is unknown here. jobs > 1: each timed
+    with the threads one of `jobs` side-by-side workers gets (study/parallel.py with_threads)."""
+    from study.parallel import with_threads
+    per_run = {r.run_hash: finetune_seconds(with_threads(r.config, jobs), layout, _todo(r.config, layout, r.run_hash))
+               for r in runs}
+    base: dict[str, float | None] = {}
     for r in runs:
-        if r.config.finetune.baseline and (key := r.config.baseline_key()) not in seen:
-            seen[key] = finetune_seconds(r.config, layout, _todo(r.config, layout, key))
-    base = None if None in seen.values() else sum(seen.values())
+        if r.config.finetune.baseline and (key := r.config.baseline_key()) not in base:
+            base[key] = finetune_seconds(with_threads(r.config, jobs), layout, _todo(r.config, layout, key))
     return per_run, base
+
+
+def makespan(seconds: list[float], jobs: int) -> float:
+    """Wall time of independent jobs on `jobs` workers that each take the next one when free, longest
+    first (what `--jobs` does with a study's runs, which start in spec order: a plan, not a promise)."""
+    free = [0.0] * max(1, jobs)
+    for t in sorted(seconds, reverse=True):
+        i = free.index(min(free))
+        free[i] += t
+    return max(free)
