@@ -250,6 +250,8 @@ def test_ctrl_c_to_the_process_group_checkpoints_every_run_in_flight(tmp_path: P
     import subprocess
     import sys
     script = ("import os, signal, sys, threading, time; sys.path[:0] = [%r, %r]\n"
+              # a shell's background job (CI under nohup ... &) inherits SIGINT ignored: restore Python's own
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "from pathlib import Path\n"
               "from test_parallel import _trainer_like, _items, _wait_for\n"
               "from study.parallel import run_all\n"
