@@ -52,6 +52,12 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def _left_to_train(runs, layout: Layout) -> list:
+    """Configs of the runs that still train (what `--jobs auto` is sized by): a finished or diverged run
+    returns at once."""
+    return [r.config for r in runs if r.status(layout) not in ("done", "diverged")]
+
+
 def cmd_plan(args) -> int:
     from study.parallel import resolve_jobs, with_threads
     from study.studies.cost import (estimate_seconds, makespan, param_count, planned_tokens,
@@ -60,7 +66,7 @@ def cmd_plan(args) -> int:
     if args.detect is not None:
         return _plan_detect(args, study, layout)
     # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
-    jobs = resolve_jobs(args.jobs, [r.config for r in study.runs if r.status(layout) not in ("done", "diverged")])
+    jobs = resolve_jobs(args.jobs, _left_to_train(study.runs, layout))
     ft_runs, ft_base = ({}, {}) if args.no_time else study_finetune_seconds(study.runs, layout, jobs)
     rows = []
     for run in study.runs:
@@ -148,9 +154,7 @@ def cmd_pretrain(args) -> int:
     from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
     runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
-    # auto is sized by the runs left to train: a finished or diverged run returns at once
-    todo = [r.config for r in runs if r.status(layout) not in ("done", "diverged")]
-    jobs = resolve_jobs(getattr(args, "jobs", 1), todo)
+    jobs = resolve_jobs(getattr(args, "jobs", 1), _left_to_train(runs, layout))
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
     for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):
