@@ -457,6 +457,34 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     assert held in (late.number, second.number)
 
 
+def test_a_journal_retry_is_not_failed_by_the_heartbeat_it_inherited(tmp_path):
+    """The retry of a dead trial is created with the dead trial's system attrs, and on journal storage the
+    heartbeat is one of them. Read as the retry's own, it made the retry look dead from the moment a worker
+    popped it until its first beat: another worker failed it, then its retry, until max_retry ran out and
+    the grid point was lost (CI of stop 27: 5 of 6 grid trials finished)."""
+    import optuna
+    from optuna.storages import fail_stale_trials
+    from optuna.trial import TrialState
+    from study.search.storage import HEARTBEAT_ATTR, open_storage
+    from study.studies.searchspec import SearchSpec
+    search = SearchSpec.model_validate(tiny_search(heartbeat_interval=1, grace_period=2))
+    store = open_storage(f"journal://{tmp_path}/retry.log", search, tmp_path)
+    ost = optuna.create_study(storage=store, study_name="retry")
+    dead = ost.ask()
+    store.record_heartbeat(dead._trial_id)
+    time.sleep(2.5)                                                     # its worker died: no beat for > grace
+    fail_stale_trials(ost)
+    (waiting,) = ost.get_trials(states=(TrialState.WAITING,))
+    assert waiting.system_attrs[HEARTBEAT_ATTR] < time.time() - 2       # the inherited (stale) beat
+    retry = ost.ask()                                                   # a live worker pops it: RUNNING, no beat yet
+    assert retry.number == waiting.number
+    fail_stale_trials(ost)                                              # another worker looks right away
+    assert store.get_trial(retry._trial_id).state == TrialState.RUNNING
+    assert not ost.get_trials(states=(TrialState.WAITING,))
+    time.sleep(2.5)                                                     # and a retry that never beats does die
+    assert store._get_stale_trial_ids(ost._study_id) == [retry._trial_id]
+
+
 def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tmp_path):
     """While a dead worker's lock file stands, nobody can write a heartbeat; if breaking it took longer
     than the heartbeat grace (optuna's default lock grace is 30 s, ours 3 heartbeats = 30 s too), every

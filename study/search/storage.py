@@ -51,9 +51,11 @@ def heartbeat_journal_class():
         def _get_stale_trial_ids(self, study_id: int) -> list[int]:
             now, stale = time.time(), []
             for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-                last = t.system_attrs.get(HEARTBEAT_ATTR)
-                if last is None and t.datetime_start is not None:  # died before its first heartbeat
-                    last = t.datetime_start.timestamp()
+                # a retry is created with its dead trial's system attrs, heartbeat included: a beat from
+                # before this trial started is not this trial's (the retry would look dead the moment it
+                # starts, and be failed again before its first beat). No beat yet: its start time.
+                beats = [t.system_attrs.get(HEARTBEAT_ATTR), t.datetime_start and t.datetime_start.timestamp()]
+                last = max((b for b in beats if b is not None), default=None)
                 if last is not None and now - last > self._grace:
                     stale.append(t._trial_id)
             return stale
