@@ -356,7 +356,7 @@ def test_search_best_writes_a_spec_that_retrains_the_best(searched, results, tmp
     assert info["number"] == ostudy.best_trial.number
 
 
-def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_path, corpus, results):
+def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_path, corpus, results, capsys):
     """Another worker failed our trial as stale (our heartbeat was late: a stalled machine or a journal lock
     left by a killed worker). Our next write raises, optuna's tell then says "Cannot tell a FAIL trial":
     the worker warns and goes on to its next trial instead of dying with exit 1 (a CI failure seen under load)."""
@@ -386,6 +386,7 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     dead, retry = ostudy.get_trials()
     assert dead.state == TrialState.FAIL and retry.state == TrialState.COMPLETE and len(calls) == 2
     assert retry.system_attrs["failed_trial"] == dead.number and retry.params == dead.params
+    assert f"failed as stale by another worker; trial {dead.number} re-queued" in capsys.readouterr().err
 
 
 def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus):

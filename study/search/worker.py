@@ -107,8 +107,8 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
                 if not _failed_as_stale(exc):
                     raise
                 # our heartbeat was late (machine or storage stalled) and another worker failed the trial as
-                # stale; it has been re-queued, so this is not an error of the study
-                print(f"warning: {exc} (failed as stale by another worker; re-queued)", file=sys.stderr)
+                # stale; it has been re-queued (up to search.max_retry times), so not an error of this worker
+                print(f"warning: {exc} (failed as stale by another worker; {_requeued(ostudy)})", file=sys.stderr)
                 continue  # not a failure of this worker's trial: the count of failures in a row stays
             last = max((t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker_id()),
                        key=lambda t: t.number, default=None)
@@ -122,6 +122,19 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
         bar.close()
         export_trials(ostudy, out_dir / "trials.csv")
     return ostudy
+
+
+def _requeued(ostudy) -> str:
+    """What became of this worker's last trial after another worker failed it as stale."""
+    from optuna.trial import TrialState
+    # FAIL only: a retry is created with the dead trial's user attrs, this worker's id among them
+    mine = [t for t in ostudy.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+            if t.user_attrs.get("worker") == worker_id()]
+    if not mine:
+        return "re-queued"
+    last = max(mine, key=lambda t: t.number)
+    retried = any(last.number in t.system_attrs.get("retry_history", ()) for t in ostudy.get_trials(deepcopy=False))
+    return f"trial {last.number} re-queued" if retried else f"trial {last.number} not re-queued: search.max_retry reached"
 
 
 def _failed_as_stale(exc: Exception) -> bool:
