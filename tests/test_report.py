@@ -484,3 +484,13 @@ def test_papers_markdown_gives_the_reports_rows_and_verdicts(rendered):
     sst2 = next(r for r in rows if r.startswith("| SST-2 | SST-2 finetune accuracy | BERT-base"))
     assert sst2.rstrip(" |").endswith("disagrees")   # the planted effect contradicts BERT Table 5, as the HTML says
     assert "arXiv:1810.04805, Table 5" in md and "Matched levels: ours `nsp` = paper \"BERT-base\"" in md
+
+
+def test_a_depth_studys_scale_lists_its_shapes_smallest_first():
+    """The "Ours:" scale line of a study over depth names every shape in order of size, not in the order
+    the aggregate lists its runs (hash order)."""
+    from types import SimpleNamespace
+    from study.report.papers import our_scale
+    configs = {h: {"model": {"layers": n, "hidden": 128, "heads": 2}} for h, n in (("a1", 4), ("b2", 8), ("c3", 2))}
+    sf = SimpleNamespace(runs=pd.DataFrame({"params": [1.9e6, 2.7e6, 1.5e6]}), study={"configs": configs})
+    assert our_scale(sf)["model"] == "L=2 H=128 A=2; L=4 H=128 A=2; L=8 H=128 A=2"

@@ -85,7 +85,7 @@ def our_scale(sf) -> dict:
         corpus = " + ".join(s.get("kind", "?") + (f":{Path(s['path']).name}" if s.get("path") else "")
                             + (f":{s['name']}" if s.get("name") else "") for s in srcs) or corpus
         m = c.get("model") or {}
-        shape = f"L={m.get('layers')} H={m.get('hidden')} A={m.get('heads')}"
+        shape = (m.get("layers") or 0, m.get("hidden") or 0, m.get("heads") or 0)
         if m and shape not in shapes:
             shapes.append(shape)
         t, o = c.get("train") or {}, c.get("objective") or {}
@@ -99,7 +99,8 @@ def our_scale(sf) -> dict:
         return human(hi) if math.isclose(lo, hi, rel_tol=0.01) else f"{human(lo)}–{human(hi)}"
     return {"params": params.max() if len(params) else None, "tokens": tokens.max() if len(tokens) else None,
             "params_s": rng(params), "tokens_s": rng(tokens), "corpus": corpus,
-            "model": "; ".join(shapes) if shapes else "shape unknown"}
+            # smallest to largest, whatever order the runs came in
+            "model": "; ".join(f"L={ly} H={h} A={a}" for ly, h, a in sorted(shapes)) if shapes else "shape unknown"}
 
 
 def scale_statement(ours: dict, ref: R.Reference) -> str:
