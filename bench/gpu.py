@@ -18,7 +18,9 @@ data):
      5 seeds in one vmapped step, batch 32, max_length 128, the model's dropout) and, beside it, of the
      sequential per-seed step (study.downstream.finetune.finetune_step), on SST-2-like rows (lengths drawn
      from a fixed lognormal, median 22 tokens: no GLUE files needed); seed-steps/s = K x steps/s.
-Tokens are non-pad tokens on both sides. ratio = ours / baseline tokens/s.
+Tokens are non-pad tokens on both sides. Each side is also clocked after its first --warm steps (20: ours'
+log windows after that step; the Trainer from a callback at that step, device synced); the last line
+uses these steady-state rates (a compiled step spends its first steps compiling). ratio = ours / baseline.
 
     python bench/gpu.py [--steps 100] [--out bench/out/gpu] [--corpus DIR ...]
     python bench/gpu.py --dry      # CPU, fp32, tiny shapes, a few steps, the embedded corpus: checks the
@@ -55,8 +57,10 @@ FT_BATCH = 32         # the recipe's batch (config default)
 
 def _corpus_default() -> list[str]:
     for root in (REPO / ".gpudata", REPO.parent / "shared" / "data"):
-        found = [f"{kind}:{root / name}" for kind, name in (("gutenberg", "gutenberg"), ("wikitext", "wikitext-2-raw"))
-                 if (root / name).is_dir()]
+        # relative to the repository root where possible: the same source strings as bench/gpu_learn.yaml,
+        # hence the same data_hash, so a data folder prepared for it (bench/gpu_check.sh --stage) is reused
+        found = [f"{kind}:{os.path.relpath(root / name, REPO) if root == REPO / '.gpudata' else root / name}"
+                 for kind, name in (("gutenberg", "gutenberg"), ("wikitext", "wikitext-2-raw")) if (root / name).is_dir()]
         if found:
             return found
     return ["embedded"]
@@ -64,7 +68,8 @@ def _corpus_default() -> list[str]:
 
 def run_config(model: dict, args, steps: int):
     from study.config import RunConfig
-    return RunConfig.model_validate({
+    from study.data.corpus import with_fingerprint
+    return with_fingerprint(RunConfig.model_validate({
         "corpus": {"sources": args.corpus},
         "tokenizer": {"vocab_size": args.vocab},
         "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": args.seq},
@@ -75,11 +80,23 @@ def run_config(model: dict, args, steps: int):
                      "max_length": min(128, args.seq), "epochs": 3, "lr": 1.0e-4},
         "impl": {"device": args.device, "precision": args.precision, "attention": "sdpa", "workers": 1,
                  "fused_optimizer": True, "progress": False, "log_every": max(1, min(10, steps)),
-                 "checkpoint_every": 100000},
-    })
+                 "checkpoint_every": 100000, **args.impl},
+    }))
 
 
-def baseline(cfg, prepared, steps: int, workers: int, device) -> dict:
+def steady_ours(history: list[dict], warm: int) -> float | None:
+    """Ours' tokens/s over the log windows after step `warm` (compilation, allocator and loader warm-up
+    left out): each history line holds its window's tokens/s, and the windows' tokens add up."""
+    lines = [h for h in history if "loss" in h and h.get("tokens") is not None]
+    toks = secs = 0.0
+    for prev, cur in zip(lines, lines[1:]):
+        if prev["step"] >= warm and cur.get("tokens_per_s"):
+            d = cur["tokens"] - prev["tokens"]
+            toks, secs = toks + d, secs + d / cur["tokens_per_s"]
+    return toks / secs if secs else None
+
+
+def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> dict:
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
     from study.config import ImplConfig
@@ -99,12 +116,17 @@ def baseline(cfg, prepared, steps: int, workers: int, device) -> dict:
     collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
 
     class Clock(TrainerCallback):
-        t0 = t1 = None
+        t0 = t1 = tw = None
         losses: list[float] = []
 
         def on_train_begin(self, args, state, control, **kw):
             device_sync(device)
             self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == warm:   # the steady-state clock starts after `warm` steps, as ours'
+                device_sync(device)
+                self.tw = time.perf_counter()
 
         def on_train_end(self, args, state, control, **kw):
             device_sync(device)
@@ -126,8 +148,10 @@ def baseline(cfg, prepared, steps: int, workers: int, device) -> dict:
         Trainer(model=model, args=targs, train_dataset=feats, data_collator=collator, callbacks=[clock]).train()
     secs = clock.t1 - clock.t0
     n_tokens = int(sum(x.item() for x in tokens[:steps]))
-    return {"tokens_per_s": n_tokens / secs, "loss": clock.losses[-1] if clock.losses else None, "steps": steps,
-            "tokens": n_tokens, "seconds": secs}
+    late = int(sum(x.item() for x in tokens[warm:steps]))
+    steady = late / (clock.t1 - clock.tw) if clock.tw is not None and late else None
+    return {"tokens_per_s": n_tokens / secs, "steady_tokens_per_s": steady, "warm_steps": warm,
+            "loss": clock.losses[-1] if clock.losses else None, "steps": steps, "tokens": n_tokens, "seconds": secs}
 
 
 def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
@@ -180,9 +204,13 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=100, help="pre-training steps per side and model")
+    ap.add_argument("--warm", type=int, default=20, help="steps before the steady-state clock starts, both sides")
     ap.add_argument("--ft-steps", type=int, default=30, help="timed fine-tuning steps (after warm-up)")
     ap.add_argument("--corpus", nargs="+", default=None, help="corpus sources (kind:path), as a spec writes them")
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "gpu"))
+    ap.add_argument("--results", default=None, help="results folder whose prepared data to reuse (default: <out>/results)")
+    ap.add_argument("--impl", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="ours' speed settings on top of the defaults above, e.g. compile=true pad_to=max")
     ap.add_argument("--workers", type=int, default=4, help="the baseline's dataloader workers")
     ap.add_argument("--only", choices=sorted(MODELS), nargs="+", default=sorted(MODELS, reverse=True))
     ap.add_argument("--dry", action="store_true", help="CPU, fp32, tiny shapes, a few steps")
@@ -200,10 +228,12 @@ def main() -> int:
     from study.pretrain.evaluate import matmul_peak_flops
     from throughput import ours
 
+    args.impl = dict(kv.split("=", 1) for kv in args.impl)   # pydantic parses "true", "max", "2"
     args.corpus = args.corpus or (["embedded"] if args.dry else _corpus_default())
     if args.dry:
         args.device, args.precision, args.vocab, args.seq, args.batch = "cpu", "fp32", 2048, 64, 8
         args.steps, args.ft_steps, models, n, dtype, warm = min(args.steps, 4), min(args.ft_steps, 3), DRY_MODELS, 512, torch.float32, 1
+        args.warm, args.impl = 1, {"log_every": 1, **args.impl}
     else:
         if not torch.cuda.is_available():
             print("no CUDA device here: run with --dry for the CPU check", file=sys.stderr)
@@ -227,7 +257,7 @@ def main() -> int:
     peak = matmul_peak_flops(str(device) if device.type == "cuda" else "cpu", n=n, budget_s=2.0, dtype=dtype)
     save("peak", {"flops": peak, "kind": f"{args.precision} matmul {n}^3"})
     print(f"{args.device} {args.precision} matmul peak {peak / 1e12:.3g} TFLOP/s ({n}^3, measured now)", flush=True)
-    layout = Layout(root=out / "results")
+    layout = Layout(root=Path(args.results) if args.results else out / "results")
     summary = {}
     for name in args.only:
         cfg = run_config(models[name], args, args.steps)
@@ -236,18 +266,28 @@ def main() -> int:
         fpt = model_flops_per_token(cfg.model, args.seq, vocab, 0.15 * args.seq, sparse=True)
         print(f"[{name}] {models[name]} vocab {vocab}, seq {args.seq}, batch {args.batch}, {args.steps} steps", flush=True)
         o = ours(cfg, layout)
+        hist = [json.loads(x) for x in (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()]
+        o["steady_tokens_per_s"], o["warm_steps"] = steady_ours(hist, args.warm), args.warm
         o["mfu_vs_peak"] = fpt * o["tokens_per_s"] / peak
+        o["steady_mfu_vs_peak"] = fpt * o["steady_tokens_per_s"] / peak if o["steady_tokens_per_s"] else None
         save(f"{name}/ours", o)
-        print(f"[{name}] ours     {o['tokens_per_s']:,.0f} tok/s  mfu {o['mfu_vs_peak']:.3f}  (loss@{o['steps']} "
-              f"{o['loss']:.3f})", flush=True)
+        st = lambda r, k: f"{r[k]:,.0f}" if r.get(k) else "-"  # noqa: E731
+        print(f"[{name}] ours     {o['tokens_per_s']:,.0f} tok/s over the run, {st(o, 'steady_tokens_per_s')} after "
+              f"step {args.warm}  mfu {o['mfu_vs_peak']:.3f} / {o['steady_mfu_vs_peak'] or float('nan'):.3f}  "
+              f"(loss@{o['steps']} {o['loss']:.3f})", flush=True)
         torch.cuda.empty_cache() if device.type == "cuda" else None
-        b = baseline(cfg, prepared, args.steps, args.workers, device)
+        b = baseline(cfg, prepared, args.steps, args.workers, device, args.warm)
         b["mfu_vs_peak"] = fpt * b["tokens_per_s"] / peak
+        b["steady_mfu_vs_peak"] = fpt * b["steady_tokens_per_s"] / peak if b["steady_tokens_per_s"] else None
         save(f"{name}/baseline", b)
-        print(f"[{name}] Trainer  {b['tokens_per_s']:,.0f} tok/s  mfu {b['mfu_vs_peak']:.3f}  (loss@{b['steps']} "
-              f"{b['loss'] if b['loss'] is None else round(b['loss'], 3)})  ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}",
-              flush=True)
-        summary[name] = (o["tokens_per_s"] / b["tokens_per_s"], o["mfu_vs_peak"])
+        print(f"[{name}] Trainer  {b['tokens_per_s']:,.0f} tok/s over the run, {st(b, 'steady_tokens_per_s')} after "
+              f"step {args.warm}  mfu {b['mfu_vs_peak']:.3f} / {b['steady_mfu_vs_peak'] or float('nan'):.3f}  "
+              f"(loss@{b['steps']} {b['loss'] if b['loss'] is None else round(b['loss'], 3)})", flush=True)
+        # the headline: steady state on both sides (a compiled step spends its first steps compiling)
+        key = "steady_tokens_per_s" if o["steady_tokens_per_s"] and b["steady_tokens_per_s"] else "tokens_per_s"
+        mfu = o["steady_mfu_vs_peak"] if key == "steady_tokens_per_s" else o["mfu_vs_peak"]
+        print(f"[{name}] ratio {o[key] / b[key]:.2f} ({key})", flush=True)
+        summary[name] = (o[key] / b[key], mfu)
         torch.cuda.empty_cache() if device.type == "cuda" else None
         f = finetune_speed(cfg, vocab, args.ft_steps, warm)
         save(f"{name}/finetune", f)

@@ -1,34 +1,59 @@
 #!/usr/bin/env bash
-# The GPU check, one short script (CI has no GPU; run it on a CUDA machine from the repository root).
-#   1. tests/test_cuda.py: speed settings loss-neutral on CUDA, bf16 vs fp32, seed, resume, fine-tune,
-#      plan timing, a CUDA checkpoint loading on CPU (measurements -> $OUT/cuda_tests.jsonl)
-#   2. bench/gpu_smoke.yaml end to end on the GPU: the gpu profile's model and batch for 300 steps on
-#      local text, SST-2/MRPC fine-tuning, aggregate, report; tokens/s and MFU in its metrics
-#   3. `study plan --profile gpu` of every shipped study: pre-training time of the gpu profiles on this GPU
-# Data: .gpudata/ holds a copy of part of ../shared/data (gutenberg/, wikitext-2-raw/, glue/SST-2, glue/MRPC),
-# made with `bash bench/gpu_check.sh --stage` on a machine that has ../shared/data.
-# Packages: the project's (pip install -e .); a machine without them can bring wheels in .whl/ (installed
-# into /tmp/site here, never into the system). Output: everything under ${OUT:-gpu_out}.
+# The GPU check (CI has no GPU; run on a CUDA machine from the repository root). Parts, each under its own
+# timeout, each saving what it measured under ${OUT:-gpu_out} as soon as it finishes (a timeout still leaves
+# data):
+#   tests  tests/test_cuda.py: CPU==CUDA masks and batches, speed settings loss-neutral on CUDA, bf16 vs fp32,
+#          seed, resume, fine-tune, plan timing, a CUDA checkpoint loading on CPU (-> cuda_tests.jsonl)
+#   learn  bench/gpu_learn.yaml: its two arms' learning curves, trained side by side on the one GPU
+#          (`study curve`, evals every 250 steps), then SST-2 fine-tuning of both and of random init,
+#          aggregate and report (-> learn.tgz)
+#   speed  bench/gpu.py (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu.json),
+#          `study plan ablations/nsp.yaml --profile gpu` (-> log.txt), then bench/gpu.py again with ours
+#          at impl.compile + pad_to max (-> gpu_compiled/gpu.json)
+#   all    tests, learn, speed
+# Usage: bash bench/gpu_check.sh [tests|learn|speed|all ...]
+#
+# Staging, on a machine that has ../shared/data (the GPU machine prepares nothing: sentence splitting is
+# CPU-bound, minutes there): `bash bench/gpu_check.sh --stage` copies the text the check reads into
+# .gpudata/ (git-ignored), prepares gpu_learn's data folder (tokenizer + tokenized splits) in
+# .gpudata/results, and packs .gpucarry/data.tgz plus wheels of the packages a GPU image may lack in
+# .gpucarry/whl/. Carry .gpucarry to the GPU machine (git-ignored through .git/info/exclude).
 set -u
-if [ "${1:-}" = "--stage" ]; then   # copy the check's data next to the repo (git-ignored: .gpudata/)
+if [ "${1:-}" = "--stage" ]; then
   src=${SHARED_DATA:-../shared/data}
-  mkdir -p .gpudata/gutenberg .gpudata/glue/SST-2 .gpudata/glue/MRPC
+  py=${PYTHON:-python3}
+  mkdir -p .gpudata/gutenberg .gpudata/glue/SST-2 .gpudata/glue/MRPC .gpucarry/whl
   cp -r "$src/wikitext-2-raw" "$src/PROVENANCE.md" .gpudata/
-  ls "$src/gutenberg" | head -14 | while read -r f; do cp "$src/gutenberg/$f" .gpudata/gutenberg/; done
+  cp "$src"/gutenberg/*.txt .gpudata/gutenberg/
   for t in SST-2 MRPC; do cp "$src/glue/$t/train.tsv" "$src/glue/$t/dev.tsv" .gpudata/glue/$t/; done
+  $py -m study --results .gpudata/results prepare bench/gpu_learn.yaml --quiet || exit 1
+  tar czf .gpucarry/data.tgz --exclude=.gpudata/results/runs .gpudata
+  # the project's pins that a GPU image may lack (torch stays the image's own CUDA build)
+  $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpucarry/whl \
+    transformers==5.24.0 tokenizers==0.23.3 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types \
+    typing-inspection==0.4.5 pysbd==0.3.4 || exit 1
+  du -sh .gpucarry
   exit 0
 fi
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 STUDY_GPU_REPORT=$OUT/cuda_tests.jsonl
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site
+[ -d .gpudata ] || { [ -f .gpucarry/data.tgz ] && tar xzf .gpucarry/data.tgz; } || { echo "no .gpudata: stage first"; exit 1; }
+for p in ${*:-all}; do
+  case $p in tests|learn|speed|all) ;; *) echo "unknown part '$p': tests, learn, speed or all" >&2; exit 2 ;; esac
+done
+# the pinned packages, where the image's own differ (installed into /tmp/site, never into the system)
+pinned() { python3 -c 'import sys, transformers, pydantic, pysbd; sys.exit(transformers.__version__ != "5.24.0")' 2>/dev/null; }
+if [ -d .gpucarry/whl ] && [ ! -d /tmp/site ] && ! pinned; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpucarry/whl/*.whl || exit 1
 fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 log() { tee -a "$OUT/log.txt"; }
 step() { echo "=== $(date -u +%T) $*" | log; }
+R=.gpudata/results
 
 step machine
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -36,27 +61,52 @@ step machine
 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__,
 'tokenizers', tokenizers.__version__, 'pydantic', pydantic.__version__)"; } 2>&1 | log
 
-step "tests/test_cuda.py"
-timeout 180 python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 | log
+tests() {
+  step "tests/test_cuda.py"
+  timeout "${T_TESTS:-150}" python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 | log
+}
 
-step "study run bench/gpu_smoke.yaml"
-t0=$(date +%s)
-timeout 300 python3 -m study --results .gpudata/results --reports .gpudata/reports run bench/gpu_smoke.yaml \
-  --quiet 2>&1 | log
-echo "study run: exit ${PIPESTATUS[0]}, $(( $(date +%s) - t0 )) s wall" | log
-python3 - <<'EOF' 2>&1 | log
+learn() {
+  step "learn: two curves side by side"
+  for arm in post_ln pre_ln; do
+    timeout "${T_CURVE:-330}" python3 -m study --results $R curve bench/gpu_learn.yaml --run $arm --every 250 \
+      --quiet > "$OUT/curve_$arm.log" 2>&1 &
+  done
+  wait
+  tail -n 4 "$OUT"/curve_*.log | log
+  pack() {
+    tar czf "$OUT/learn.tgz" $R/curves .gpudata/reports $(ls -d $R/runs/*/meta.json $R/runs/*/config.json \
+      $R/runs/*/history.jsonl $R/runs/*/events.jsonl $R/runs/*/metrics.json $R/finetune $R/studies 2>/dev/null) \
+      2>/dev/null
+  }
+  pack
+  step "learn: SST-2 fine-tuning, pre-trained and random init"
+  timeout "${T_FT:-180}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn.yaml \
+    --quiet 2>&1 | tail -n 20 | log
+  timeout 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
+  timeout 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
+  pack
+  python3 - <<'EOF' 2>&1 | log
 import glob, json
-for f in sorted(glob.glob(".gpudata/results/metrics/*.json")):
+for f in sorted(glob.glob(".gpudata/results/runs/*/metrics.json")):
     m = json.load(open(f))
-    print(f.split("/")[-1], {k: m.get(k) for k in ("device", "precision", "steps", "tokens_per_s", "mfu",
-          "peak_flops", "time_s", "wall_s", "ref_mlm_loss", "ref_mlm_acc", "final_loss")})
+    print(f.split("/")[-2], {k: m.get(k) for k in ("device", "precision", "steps", "tokens_per_s", "mfu", "time_s",
+          "ref_mlm_loss", "ref_mlm_acc", "ref_mask_acc")})
 EOF
-tar czf "$OUT/gpu_smoke.tgz" .gpudata/results/metrics .gpudata/results/studies .gpudata/reports \
-  $(ls -d .gpudata/results/runs/*/meta.json .gpudata/results/runs/*/history.jsonl .gpudata/results/runs/*/events.jsonl \
-     .gpudata/results/finetune 2>/dev/null) 2>&1 | log
+}
 
-step "study plan --profile gpu"
-for s in nsp mask_rate replacement depth; do
-  timeout 45 python3 -m study --results "$OUT/plan_results" plan "ablations/$s.yaml" --profile gpu 2>&1 | log
+speed() {
+  step "bench/gpu.py"
+  timeout "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu" --results $R 2>&1 | grep -v Warning | log
+  step "study plan ablations/nsp.yaml --profile gpu"
+  timeout 60 python3 -m study --results "$OUT/plan_results" plan ablations/nsp.yaml --profile gpu 2>&1 | log
+  rm -rf "$OUT/plan_results"
+  step "bench/gpu.py, ours with static shapes and torch.compile"
+  timeout "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu_compiled" --results $R \
+    --impl compile=true pad_to=max 2>&1 | grep -v Warning | log
+}
+
+for p in ${*:-all}; do
+  case $p in tests) tests ;; learn) learn ;; speed) speed ;; all) tests; learn; speed ;; esac
 done
 step done

@@ -233,3 +233,24 @@ def test_batches_made_on_cuda_equal_the_cpu_bitwise(unit):
                 assert [{k: v for k, v in p.items() if k != "tensors"} for p in a["parts"]] == \
                        [{k: v for k, v in p.items() if k != "tensors"} for p in b["parts"]]
                 assert same(rows(a), rows(b))
+
+
+def test_static_shapes_and_compile_are_loss_neutral_on_cuda(corpus, layout, record):
+    """The speed settings that make a step capturable, on the GPU: every batch padded to max_seq_len, and
+    torch.compile of the encoder on those static shapes, track the trimmed eager run (fp32, no dropout:
+    the CPU versions are tests/test_train.py's test_pad_to_max_is_loss_neutral and the slow compile test)."""
+    curves, refs = {}, {}
+    for name, impl in (("batch", {}), ("max", {"pad_to": "max"}), ("compiled", {"pad_to": "max", "compile": True})):
+        cfg = make_cfg(corpus, train__amount=12, model__dropout=0.0, model__attention_dropout=0.0,
+                       objective__max_seq_len=64, impl__device="cuda", impl__precision="fp32",
+                       **{f"impl__{k}": v for k, v in impl.items()})
+        lay = layout(name)
+        m = train_run(cfg, lay, quiet=True)
+        curves[name], refs[name] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
+    record(pad_max_abs_diff=_max_diff(curves["max"], curves["batch"]),
+           compile_max_abs_diff=_max_diff(curves["compiled"], curves["batch"]),
+           ref_loss={k: float(v) for k, v in refs.items()})
+    for name in ("max", "compiled"):
+        # 1e-3 as for the other impl settings on CUDA: other shapes pick other GEMM kernels there
+        np.testing.assert_allclose(curves[name], curves["batch"], rtol=1e-3, atol=1e-3, err_msg=name)
+        assert refs[name] == pytest.approx(refs["batch"], rel=1e-3)
