@@ -60,7 +60,7 @@ def _left_to_train(runs, layout: Layout) -> list:
 
 def cmd_plan(args) -> int:
     from study.parallel import resolve_jobs, with_threads
-    from study.studies.cost import (estimate_seconds, makespan, param_count, planned_tokens,
+    from study.studies.cost import (estimate_seconds, finetune_is_bound, makespan, param_count, planned_tokens,
                                     study_finetune_seconds)
     study, layout = _study(args), _layout(args)
     if args.detect is not None:
@@ -77,6 +77,7 @@ def cmd_plan(args) -> int:
                      "factors": run.factors, "est_tokens": planned_tokens(run.config),
                      "est_seconds": round(secs, 3) if secs is not None else None,
                      "est_finetune_seconds": round(ft, 3) if ft is not None else None,
+                     "finetune_upper_bound": finetune_is_bound(run.config),
                      "budget": f"{t.amount:g} {t.budget}", "params_M": round(param_count(run.config) / 1e6, 2)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -96,6 +97,9 @@ def cmd_plan(args) -> int:
     ft = [*ft_runs.values(), *ft_base.values()]
     ft_text = ("unknown (task data not on disk)" if None in ft else
                f"~{sum(ft) / 60:.0f} min" if jobs == 1 else f"~{makespan(ft, jobs) / 60:.0f} min wall")
+    if None not in ft and any(r["finetune_upper_bound"] for r in rows):
+        ft_text = (f"at most {ft_text.lstrip('~')} (GLUE from the hub, not downloaded: its published row counts, "
+                   "every row at finetune.max_length)")
     pre_text = f"~{sum(pending) / 60:.0f} min" if jobs == 1 else \
         f"~{makespan(pending, jobs) / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
     print(f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "

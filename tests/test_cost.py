@@ -95,9 +95,6 @@ def test_finetune_estimate_counts_only_what_is_not_written(spec, tmp_path):
 
 def test_unknown_task_sizes_are_said_not_guessed(spec, tmp_path, capsys):
     study, lay = load_study(spec), Layout(root=tmp_path / "r")
-    hub = study.runs[0].config.model_copy(deep=True)
-    hub.finetune.glue_dir = "hub"
-    assert finetune_seconds(hub, lay, {"SST-2": (2, True)}) is None
     missing = study.runs[0].config.model_copy(deep=True)
     missing.finetune.glue_dir = str(tmp_path / "nowhere")
     assert finetune_seconds(missing, lay, {"SST-2": (2, True)}) is None
@@ -206,3 +203,41 @@ def test_batched_seeds_are_timed_as_one_stacked_step(spec, tmp_path, monkeypatch
     monkeypatch.setattr(cost, "_STEP_TIMES", {})
     assert cost._classifier_step(cfg, np.full(200, 12), k=3) > 0
     assert widths and set(widths) == {(3, cfg.finetune.batch_size)}   # [K, batch, width] batches
+
+
+def test_hub_fine_tuning_is_bounded_by_the_published_row_counts(spec, tmp_path, capsys, monkeypatch):
+    """GLUE from the hub, nothing downloaded: fine-tuning is sized at GLUE's published row counts with
+    every row at max_length, and the plan says that this is an upper bound."""
+    import study.studies.cost as cost
+    from study.downstream.tasks import HUB_ROWS
+    study, lay = load_study(spec), Layout(root=tmp_path / "r")
+    hub = study.runs[0].config.model_copy(deep=True)
+    hub.finetune.glue_dir = "hub"
+    seen = []
+    monkeypatch.setattr(cost, "_classifier_step", lambda cfg, lengths, k=1: seen.append(np.asarray(lengths)) or 0.01)
+    secs = finetune_seconds(hub, lay, {"SST-2": (2, False)})
+    ft = hub.finetune
+    n = min(HUB_ROWS["SST-2"][0], ft.max_train_examples)
+    assert len(seen[0]) == n and set(seen[0].tolist()) == {ft.max_length}
+    assert secs == pytest.approx(2 * (math.ceil(ft.epochs * math.ceil(n / ft.batch_size)) * 0.01
+                                      + HUB_ROWS["SST-2"][1] * ft.max_length * 0.01 / (ft.batch_size * ft.max_length) / 3))
+    assert cost.finetune_is_bound(hub) and not cost.finetune_is_bound(study.runs[0].config)
+    spec.write_text(spec.read_text().replace(str(tmp_path / "glue"), "hub"))
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec)]) == 0
+    assert "fine-tuning and probes at most " in capsys.readouterr().out
+    assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--json"]) == 0
+    assert all(r["finetune_upper_bound"] for r in json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("task", ["CoLA", "SST-2", "MRPC", "STS-B", "QNLI", "RTE", "MNLI", "WNLI"])
+def test_published_glue_row_counts_match_the_local_copy(task):
+    """HUB_ROWS against ../shared/data/glue where that task is there (skipped elsewhere: CI, and MNLI/QNLI,
+    which that copy lacks)."""
+    from pathlib import Path
+
+    from study.downstream.tasks import HUB_ROWS, task_path
+    glue = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+    if not task_path(task, glue, "train").is_file():
+        pytest.skip(f"no local {task}")
+    rows = [len(load_task(task, glue, split).labels) for split in ("train", "dev")]
+    assert tuple(rows) == HUB_ROWS[task]

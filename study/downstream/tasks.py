@@ -87,6 +87,14 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in (
              ("accuracy",), "accuracy"),
 )}
 
+# Rows of the hub's nyu-mll/glue train and validation splits (MNLI: validation_matched), as GLUE publishes
+# them. `study plan` sizes fine-tuning on the hub with these before anything is downloaded
+# (study/studies/cost.py); tests/test_cost.py checks them against the local copies that exist.
+HUB_ROWS: dict[str, tuple[int, int]] = {
+    "CoLA": (8551, 1043), "SST-2": (67349, 872), "MRPC": (3668, 408), "STS-B": (5749, 1500),
+    "QNLI": (104743, 5463), "RTE": (2490, 277), "MNLI": (392702, 9815), "WNLI": (635, 71),
+}
+
 STSB_RANGE = (0.0, 5.0)
 
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from study.config import RunConfig
-from study.downstream.tasks import HUB, load_task
+from study.downstream.tasks import HUB, HUB_ROWS, load_task
 from study.errors import StudyError
 
 # torch, transformers and the training modules are imported inside the functions that time steps:
@@ -234,19 +234,23 @@ def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
 def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) -> float | None:
     """Fine-tuning time of one encoder (a run or its random-init baseline) on this machine.
 
-    todo: task -> (fine-tune seeds still to run, probe still to run). None when a task's data is not
-    on disk (the hub, or a missing folder): its row counts are unknown before download.
+    todo: task -> (fine-tune seeds still to run, probe still to run). None when a task's data is not in
+    a folder that exists. On the hub (nothing downloaded yet) the rows are GLUE's published counts, every one
+    at finetune.max_length tokens: an upper bound (`finetune_is_bound`).
     """
     from study.downstream.finetune import cap_rows  # the rows a cap keeps: the same ones fine-tuning will use
     ft = cfg.finetune
-    if ft.glue_dir == HUB:
-        return None
     total = 0.0
     for task, (seeds, probe) in todo.items():
         if not seeds and not probe:
             continue
         key = (task, ft.glue_dir, ft.max_train_examples, ft.max_eval_examples, ft.max_length, cfg.data_hash(),
                (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir())
+        if ft.glue_dir == HUB:
+            cap = lambda n, m: n if m is None else min(n, m)  # noqa: E731
+            n_train, n_dev = HUB_ROWS[task]
+            _LENGTHS[key] = (np.full(cap(n_train, ft.max_train_examples), ft.max_length),
+                             np.full(cap(n_dev, ft.max_eval_examples), ft.max_length))
         if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once
             try:
                 train = cap_rows(load_task(task, ft.glue_dir, "train"), ft.max_train_examples)
@@ -268,6 +272,11 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
         if probe:
             total += (l_train.sum() + l_dev.sum()) * per_token
     return total
+
+
+def finetune_is_bound(cfg: RunConfig) -> bool:
+    """finetune_seconds is an upper bound, not an estimate: GLUE from the hub, rows not read yet."""
+    return cfg.finetune.glue_dir == HUB
 
 
 def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
