@@ -5,8 +5,10 @@ import functools
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas", "numpy",
             "seaborn", "matplotlib", "dvc", "pydantic", "jinja2", "gensim", "pysbd", "scikit-learn", "scipy")
@@ -21,9 +23,26 @@ def git_info() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
     commit = git("rev-parse", "HEAD")
+    if commit is None and (exported := archive_commit()):
+        # a `git archive` copy (how long studies here run from a frozen tree): the commit it was exported
+        # from; whether it was edited since is unknown
+        return {"commit": exported, "dirty": None, "source": "git archive"}
     status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
                  *(f":(top,exclude){p}" for p in PIPELINE_WRITES))
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+# `git archive` writes the commit it exports into this file (.gitattributes: export-subst); in a clone it
+# holds the unexpanded placeholder, which is not a commit.
+ARCHIVE_COMMIT = Path(__file__).with_name("COMMIT")
+
+
+def archive_commit() -> str | None:
+    try:
+        text = ARCHIVE_COMMIT.read_text().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[0-9a-f]{40}", text) else None
 
 
 # Tracked files the pipeline itself rewrites (`study sync --stamp` replaces the committed placeholders in

@@ -511,3 +511,30 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     assert dirty() is True
     monkeypatch.chdir(tmp_path / "pipeline")
     assert dirty() is True
+
+
+def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):
+    """Without a .git (a `git archive` copy, how long studies run from a frozen tree) provenance reads the
+    commit that `git archive` wrote into study/COMMIT; in a clone the file is a placeholder, not a commit."""
+    import subprocess
+
+    from study import provenance
+    monkeypatch.chdir(tmp_path)   # not a git repository
+    fake = tmp_path / "COMMIT"
+    monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", fake)
+    for text, want in (("0123456789abcdef0123456789abcdef01234567\n", "0123456789abcdef0123456789abcdef01234567"),
+                       ("$Format:%H$\n", None)):
+        fake.write_text(text)
+        provenance.git_info.cache_clear()
+        info = provenance.git_info()
+        assert info["commit"] == want
+        assert info["dirty"] is None and (info.get("source") == "git archive") == (want is not None)
+    provenance.git_info.cache_clear()
+    # the real export: the attribute substitutes the commit (needs the repository's .git, as in CI)
+    repo = Path(provenance.__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    out = subprocess.run("git archive HEAD study/COMMIT | tar -xO", shell=True, cwd=repo, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == head.stdout.strip()
