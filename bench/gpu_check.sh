@@ -21,7 +21,7 @@
 set -u
 if [ "${1:-}" = "--stage" ]; then
   src=${SHARED_DATA:-../shared/data}
-  py=${PYTHON:-python3}
+  py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}   # the project's venv
   mkdir -p .gpudata/gutenberg .gpudata/glue/SST-2 .gpudata/glue/MRPC .gpucarry/whl
   cp -r "$src/wikitext-2-raw" "$src/PROVENANCE.md" .gpudata/
   cp "$src"/gutenberg/*.txt .gpudata/gutenberg/
