@@ -17,7 +17,7 @@
 # CPU-bound, minutes there): `bash bench/gpu_check.sh --stage` copies the text the check reads into
 # .gpudata/ (git-ignored), prepares gpu_learn's data folder (tokenizer + tokenized splits) in
 # .gpudata/results, and packs .gpucarry/data.tgz plus wheels of the packages a GPU image may lack in
-# .gpucarry/whl/. Carry .gpucarry to the GPU machine (git-ignored through .git/info/exclude).
+# .gpucarry/whl/. Both folders are git-ignored; carry .gpucarry to the GPU machine.
 set -u
 if [ "${1:-}" = "--stage" ]; then
   src=${SHARED_DATA:-../shared/data}
