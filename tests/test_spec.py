@@ -170,6 +170,26 @@ def test_shipped_profiles_resolve():
     assert {"cpu", "gpu"} <= seen | absent and "gpu" in seen
 
 
+def test_gpu_check_specs_validate_and_match_the_gpu_profile():
+    """bench/gpu_learn.yaml and bench/gpu_smoke.yaml (the GPU check's studies) validate, and train the gpu
+    profile's model, vocabulary and batch: a GPU session must not find a typo or a drifted shape. Their
+    text lives in .gpudata/ once staged (bench/gpu_check.sh --stage); unstaged, they must fail naming
+    the missing corpus and nothing else."""
+    gpu = load_study(REPO / "ablations" / "nsp.yaml", "gpu").runs[0].config
+    for spec in sorted((REPO / "bench").glob("gpu_*.yaml")):
+        try:
+            study = load_study(spec)
+        except StudyError as exc:
+            assert "corpus.sources" in str(exc) and "does not exist" in str(exc), (spec, exc)
+            continue
+        for run in study.runs:
+            cfg = run.config
+            for key in ("layers", "hidden", "heads", "intermediate"):
+                assert getattr(cfg.model, key) == getattr(gpu.model, key), (spec, key)
+            assert (cfg.tokenizer.vocab_size, cfg.train.batch_size, cfg.objective.max_seq_len) == \
+                (gpu.tokenizer.vocab_size, gpu.train.batch_size, gpu.objective.max_seq_len), spec
+
+
 def test_generated_run_list_is_in_sync():
     """dvc.yaml iterates study_runs.yaml: it must match the specs (run `study sync`)."""
     assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), "study_runs.yaml is stale: run `study sync`"
