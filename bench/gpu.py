@@ -147,8 +147,8 @@ def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> 
             dataloader_num_workers=workers, disable_tqdm=True, seed=cfg.seed, remove_unused_columns=False)
         Trainer(model=model, args=targs, train_dataset=feats, data_collator=collator, callbacks=[clock]).train()
     secs = clock.t1 - clock.t0
-    n_tokens = int(sum(x.item() for x in tokens[:steps]))
-    late = int(sum(x.item() for x in tokens[warm:steps]))
+    counts = [int(x.item()) for x in tokens[:steps]]   # one read of the device counters, after training
+    n_tokens, late = sum(counts), sum(counts[warm:])
     steady = late / (clock.t1 - clock.tw) if clock.tw is not None and late else None
     return {"tokens_per_s": n_tokens / secs, "steady_tokens_per_s": steady, "warm_steps": warm,
             "loss": clock.losses[-1] if clock.losses else None, "steps": steps, "tokens": n_tokens, "seconds": secs}

@@ -95,11 +95,12 @@ def cmd_plan(args) -> int:
         print("time: not estimated (--no-time)")
         return 0
     ft = [*ft_runs.values(), *ft_base.values()]
-    ft_text = ("unknown (task data not on disk)" if None in ft else
-               f"~{sum(ft) / 60:.0f} min" if jobs == 1 else f"~{makespan(ft, jobs) / 60:.0f} min wall")
-    if None not in ft and any(r["finetune_upper_bound"] for r in rows):
-        ft_text = (f"at most {ft_text.lstrip('~')} (GLUE from the hub, not downloaded: its published row counts, "
-                   "every row at finetune.max_length)")
+    if None in ft:
+        ft_text = "unknown (task data not on disk)"
+    else:
+        amount = f"{sum(ft) / 60:.0f} min" if jobs == 1 else f"{makespan(ft, jobs) / 60:.0f} min wall"
+        ft_text = (f"at most {amount} (GLUE from the hub, not downloaded: its published row counts, every row "
+                   "at finetune.max_length)" if any(r["finetune_upper_bound"] for r in rows) else f"~{amount}")
     pre_text = f"~{sum(pending) / 60:.0f} min" if jobs == 1 else \
         f"~{makespan(pending, jobs) / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
     print(f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "

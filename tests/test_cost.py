@@ -233,10 +233,10 @@ def test_hub_fine_tuning_is_bounded_by_the_published_row_counts(spec, tmp_path, 
 def test_published_glue_row_counts_match_the_local_copy(task):
     """HUB_ROWS against ../shared/data/glue where that task is there (skipped elsewhere: CI, and MNLI/QNLI,
     which that copy lacks)."""
-    from pathlib import Path
+    from conftest import SHARED
 
     from study.downstream.tasks import HUB_ROWS, task_path
-    glue = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
+    glue = SHARED / "glue"
     if not task_path(task, glue, "train").is_file():
         pytest.skip(f"no local {task}")
     rows = [len(load_task(task, glue, split).labels) for split in ("train", "dev")]

@@ -246,11 +246,10 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
             continue
         key = (task, ft.glue_dir, ft.max_train_examples, ft.max_eval_examples, ft.max_length, cfg.data_hash(),
                (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir())
-        if ft.glue_dir == HUB:
-            cap = lambda n, m: n if m is None else min(n, m)  # noqa: E731
-            n_train, n_dev = HUB_ROWS[task]
-            _LENGTHS[key] = (np.full(cap(n_train, ft.max_train_examples), ft.max_length),
-                             np.full(cap(n_dev, ft.max_eval_examples), ft.max_length))
+        if key not in _LENGTHS and ft.glue_dir == HUB:   # not downloaded: published counts at max_length
+            n_train, n_dev = (n if cap is None else min(n, cap)
+                              for n, cap in zip(HUB_ROWS[task], (ft.max_train_examples, ft.max_eval_examples)))
+            _LENGTHS[key] = (np.full(n_train, ft.max_length), np.full(n_dev, ft.max_length))
         if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once
             try:
                 train = cap_rows(load_task(task, ft.glue_dir, "train"), ft.max_train_examples)
