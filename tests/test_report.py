@@ -309,6 +309,24 @@ def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
     assert f"Holm over {st['family']}" in comp
 
 
+def test_replacement_figure_shows_the_reference_accuracies_beside_the_downstream_panels(rendered):
+    """BERT Table 8's split changes what the model sees at the asked positions, so the replacement figure
+    puts the fixed-reference accuracy (overall, and at [MASK] where the runs have it) beside fine-tune and probe."""
+    from study.report import figures as F
+    _, _, study_dir = rendered("replacement")
+    summary = pd.read_csv(study_dir / "summary.csv")
+    plan = json.loads((study_dir / "study.json").read_text())["plan"]
+    extra = summary[summary["metric"] == "ref_mlm_acc"].assign(metric="ref_mask_acc")
+    d = F.replacement(pd.concat([summary, extra.assign(mean=extra["mean"] - 0.07)]), plan, list(F.REPLACEMENT_KEYS))
+    ref, ft, probe = d.fig.axes
+    assert [a.get_title() for a in (ref, ft, probe)] == ["reference MLM accuracy", "fine-tune", "feature-based (probe)"]
+    assert sorted(t.get_text() for t in ref.get_legend().get_texts()) == ["at [MASK]", "overall"]
+    assert len(ref.containers) == 2 and all(len(c.lines[0].get_xdata()) == 3 for c in ref.containers)
+    # without the reference rows the panel says so and the downstream panels still draw
+    d = F.replacement(summary[summary["task"] != "pretrain"], plan, list(F.REPLACEMENT_KEYS))
+    assert d.fig.axes[0].texts and d.fig.axes[1].containers
+
+
 def test_every_figure_degrades_on_empty_or_odd_data(tmp_path):
     """Empty tables give a skip note, odd ones (missing columns, a categorical x, NaN CIs) never crash:
     make_figures turns any drawing error into a note for that figure alone."""

@@ -30,6 +30,8 @@ from study.metrics import COST_METRICS, parse_metric  # noqa: E402
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
 BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "ref_mask_acc", "sentence_acc", "mfu"}
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
+# The two reference accuracies (study/pretrain/evaluate.py): over every asked position, and over those showing [MASK].
+REF_ACCURACY = {"ref_mlm_acc": "overall", "ref_mask_acc": "at [MASK]"}
 
 
 @dataclass
@@ -275,25 +277,31 @@ def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
 
 
 def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    d = Drawn("replacement", "Replacement split: fine-tune and feature-based", "Score per MASK/SAME/RND split "
-              "(as BERT Table 8): fine-tuning (left) and the frozen-encoder probe (right), mean over "
-              "pre-training seeds with 95% t-interval.")
+    d = Drawn("replacement", "Replacement split: reference MLM, fine-tune and feature-based", "Per MASK/SAME/RND "
+              "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
+              "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
+              "(middle) and the frozen-encoder probe (right). Mean over pre-training seeds, 95% t-interval.")
     if summary.empty:
         d.skipped = "no finished runs"
         return d
     s = with_levels(summary[summary["init"] == "pretrained"], keys, run_labels(plan, keys))
-    panels = [(m, s[(s["mode"] == m) & (s["task"] != "pretrain") & ~s["metric"].isin(COST_METRICS)]) for m in ("finetune", "probe")]
+    # The reference panel matters here: a split changes what the model sees at the asked positions, and
+    # how fast it leaves the unigram plateau, before any downstream task is involved.
+    ref = s[(s["task"] == "pretrain") & s["metric"].isin(list(REF_ACCURACY))]
+    panels = [("reference MLM accuracy", ref.assign(what=ref["metric"].map(REF_ACCURACY)))]
+    for mode, title in (("finetune", "fine-tune"), ("probe", "feature-based (probe)")):
+        p = s[(s["mode"] == mode) & (s["task"] != "pretrain") & ~s["metric"].isin(COST_METRICS)]
+        panels.append((title, p.assign(what=p["task"] + " " + p["metric"])))
     if all(p.empty for _, p in panels):
-        d.skipped = "no fine-tune or probe scores yet"
+        d.skipped = "no reference, fine-tune or probe scores yet"
         return d
-    fig, axes = _fig(2)
+    fig, axes = _fig(3)
     order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
-    for ax, (mode, p) in zip(axes, panels):
+    for ax, (title, p) in zip(axes, panels):
+        ax.set_title(title)
         if p.empty:
-            ax.text(0.5, 0.5, f"no {mode} scores", ha="center", transform=ax.transAxes)
-            ax.set_title("fine-tune" if mode == "finetune" else "feature-based (probe)")
+            ax.text(0.5, 0.5, f"no {title} scores", ha="center", transform=ax.transAxes)
             continue
-        p = p.assign(what=p["task"] + " " + p["metric"])
         whats = sorted(p["what"].unique())
         w = 0.8 / len(whats)
         for k, what in enumerate(whats):
@@ -303,7 +311,6 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
             ax.errorbar(xs, g["mean"], yerr=_yerr(g), fmt="o", capsize=3, label=what)
         ax.set_xticks(range(len(order)), order, rotation=30)
         ax.set_xlabel("MASK/SAME/RND %" if set(keys) == set(REPLACEMENT_KEYS) else ", ".join(keys))
-        ax.set_title("fine-tune" if mode == "finetune" else "feature-based (probe)")
         ax.legend(fontsize=7)
     d.fig = fig
     return d
