@@ -207,6 +207,42 @@ def test_mask_position_accuracy_counts_only_positions_that_show_mask():
         assert r["ref_mlm_acc"] == pytest.approx((b["labels"][asked] == 7).float().mean().item())
 
 
+def test_reference_accuracy_by_what_the_position_shows():
+    """ref_mask_acc, ref_keep_acc and ref_rnd_acc split the asked positions by what they show ([MASK], the
+    token itself, another token: a random draw that hit the original counts as kept) and partition them;
+    a model that predicts one token everywhere gets that token's share in each, sparse and full heads alike."""
+    from study.pretrain.evaluate import EvalSet, evaluate, shown_as
+    b = batch(3)
+    mask_id = 4                                   # batch() shows every asked position as 4
+    asked = b["labels"] != -100
+    rows = asked.nonzero()
+    kept, rnd = rows[0::3], rows[1::3]            # a third kept, a third another token, a third [MASK]
+    b["input_ids"][kept[:, 0], kept[:, 1]] = b["labels"][kept[:, 0], kept[:, 1]]
+    other = b["labels"][rnd[:, 0], rnd[:, 1]] % (VOCAB - 6) + 5
+    other[0] = b["labels"][rnd[0, 0], rnd[0, 1]]  # a "random" draw that hit the original: kept
+    b["input_ids"][rnd[:, 0], rnd[:, 1]] = other
+    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
+                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=mask_id)
+    sel = shown_as(b["input_ids"], b["labels"], mask_id)
+    assert sum(int(v.sum()) for v in sel.values()) == int(asked.sum())
+    assert int(sel["keep"].sum()) == len(kept) + 1 and int(sel["rnd"].sum()) == len(rnd) - 1
+    assert not (sel["mask"] & sel["keep"]).any() and not (sel["keep"] & sel["rnd"]).any()
+    labels = b["labels"][asked]
+    t = int(torch.mode(labels[sel["rnd"]]).values)   # the most frequent answer among the random ones
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
+    with torch.no_grad():
+        m.cls.predictions.bias.zero_()
+        m.cls.predictions.bias[t] = 1e4           # every position -> t
+    for sparse in (True, False):
+        r = evaluate(m, es, None, torch.device("cpu"), sparse=sparse)
+        for k in ("mask", "keep", "rnd"):
+            assert r[f"ref_{k}_count"] == int(sel[k].sum())
+            assert r[f"ref_{k}_acc"] == pytest.approx((labels[sel[k]] == t).float().mean().item())
+        assert r["ref_rnd_mode_acc"] == pytest.approx(r["ref_rnd_acc"])    # t is the mode there
+        total = sum(r[f"ref_{k}_acc"] * r[f"ref_{k}_count"] for k in ("mask", "keep", "rnd"))
+        assert total == pytest.approx(r["ref_mlm_acc"] * r["ref_masked"])
+
+
 def test_the_plateau_test_uses_mask_positions_when_the_run_has_them():
     """A run on the copy plateau (docs/RESULTS.md: 15% overall, 96% of kept tokens copied, 5.8% at [MASK]
     against a 5.5% floor) passed the old test and fails the new one; a run scored before ref_mask_acc

@@ -19,6 +19,10 @@ Two accuracies, each with its floor (always predicting the most frequent asked t
   unchanged are copied by any trained model, so ref_mlm_acc reads about 0.1 + 0.9 x mode (~15% at the
   cpu profile's vocabulary) for a model that knows nothing beyond unigrams; ref_mask_acc is what the
   context taught it, and the plateau test (report.aggregate.learned) uses it when present.
+And, descriptive: ref_keep_acc over the asked positions shown unchanged, ref_rnd_acc (with its floor) over
+those shown as another token. BERT Table 8's splits train these differently (a 100%-[MASK] run never
+sees the kept or random cases; a 0%-[MASK] run never sees [MASK]), so they say where a split's
+reference score comes from (`shown_as`).
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from study.model.bert import pretraining_loss
 EVAL_BATCH = 64            # fixed, so results do not depend on the training batch size
 SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs
 ROW_SEED = 1234            # which validation rows are scored (fixed)
+SHOWN = ("mask", "keep", "rnd")  # what an asked position shows: [MASK], its own token, another token
 
 
 @dataclass
@@ -99,7 +104,8 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
 @torch.no_grad()
 def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> dict:
     loss_sum = 0.0
-    correct = count = s_correct = s_count = m_correct = m_count = 0
+    correct = count = s_correct = s_count = 0
+    by_shown = {k: [0, 0] for k in SHOWN}   # correct, count per what the asked position shows
     for b in range(0, len(es), EVAL_BATCH):
         sl = slice(b, b + EVAL_BATCH)
         att = es.attention_mask[sl]
@@ -116,30 +122,42 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
         correct += int(out.mlm_correct)
         count += n
         if es.mask_id is not None and n:
-            lab = batch["labels"]
-            shown = batch["input_ids"][lab != -100] == es.mask_id   # asked positions, row-major, as mlm_hits
-            m_correct += int(out.mlm_hits[shown].sum())
-            m_count += int(shown.sum())
+            for k, sel in shown_as(batch["input_ids"], batch["labels"], es.mask_id).items():
+                by_shown[k][0] += int(out.mlm_hits[sel].sum())
+                by_shown[k][1] += int(sel.sum())
         if out.sentence_correct is not None:
             s_correct += int(out.sentence_correct)
             s_count += out.sentence_count
     loss = loss_sum / count if count else float("nan")
-    return {"loss": loss, "acc": correct / count if count else float("nan"), "masked": count,
-            "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count,
-            "mask_acc": m_correct / m_count if m_count else float("nan"), "mask_count": m_count}
+    out = {"loss": loss, "acc": correct / count if count else float("nan"), "masked": count,
+           "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count}
+    for k, (c, m) in by_shown.items():
+        out[f"{k}_acc"], out[f"{k}_count"] = (c / m if m else float("nan")), m
+    return out
 
 
-def mode_accuracy(es: EvalSet, shown_mask: bool = False) -> float:
+def shown_as(input_ids: torch.Tensor, labels: torch.Tensor, mask_id: int) -> dict[str, torch.Tensor]:
+    """What each asked position (labels != -100, row-major, the order of mlm_hits) shows the model:
+    [MASK], its own token (kept), or another token (random). A random draw that hit the original token
+    counts as kept: that is what the model saw."""
+    asked = labels != -100
+    inp, lab = input_ids[asked], labels[asked]
+    mask = inp == mask_id
+    keep = ~mask & (inp == lab)
+    return {"mask": mask, "keep": keep, "rnd": ~mask & ~keep}
+
+
+def mode_accuracy(es: EvalSet, shown: str | None = None) -> float:
     """Accuracy of always predicting the set's most frequent asked token: the floor a run must beat to
     have learned more than that one token. A collapsed model (every position -> the same token)
-    scores exactly this; see aggregate.learned_beyond_mode. shown_mask: over the asked positions whose
-    input is [MASK] only (the floor of ref_mask_acc)."""
-    sel = es.labels != -100
-    if shown_mask:
-        if es.mask_id is None:   # a set built without its [MASK] id: no such positions to score
-            return float("nan")
-        sel &= es.input_ids == es.mask_id
-    asked = es.labels[sel]
+    scores exactly this; see aggregate.learned_beyond_mode. shown ("mask" or "rnd", see `shown_as`):
+    over the asked positions that show [MASK] only (the floor of ref_mask_acc), or another token."""
+    if shown is None:
+        asked = es.labels[es.labels != -100]
+    elif es.mask_id is None:   # a set built without its [MASK] id: no such positions to score
+        return float("nan")
+    else:
+        asked = es.labels[es.labels != -100][shown_as(es.input_ids, es.labels, es.mask_id)[shown]]
     return float(torch.bincount(asked).max()) / asked.numel() if asked.numel() else float("nan")
 
 
@@ -166,8 +184,16 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
         # copied by any trained model (96% right on the plateau of docs/RESULTS.md), so ref_mlm_acc sits
         # near 0.1 + 0.9 x mode for a model that knows only unigrams; this one does not
         "ref_mask_acc": r["mask_acc"],
-        "ref_mask_mode_acc": mode_accuracy(ref, shown_mask=True),
+        "ref_mask_mode_acc": mode_accuracy(ref, shown="mask"),
         "ref_mask_count": r["mask_count"],
+        # and over the other two kinds (10% each): kept tokens (a trained model copies them) and random
+        # ones (the shown token is wrong: context only, as at [MASK], for a model that never saw [MASK]
+        # in training: masking.mask 0, BERT Table 8's last rows)
+        "ref_keep_acc": r["keep_acc"],
+        "ref_keep_count": r["keep_count"],
+        "ref_rnd_acc": r["rnd_acc"],
+        "ref_rnd_mode_acc": mode_accuracy(ref, shown="rnd"),
+        "ref_rnd_count": r["rnd_count"],
     }
 
 
