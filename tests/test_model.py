@@ -252,6 +252,15 @@ def test_the_plateau_test_uses_mask_positions_when_the_run_has_them():
     assert learned(old) is True
     assert learned({**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is False
     assert learned({**old, "ref_mask_acc": 0.20, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is True
+    # the positions shown as another token count too: only context answers there (the plateau run copied
+    # them to 3.7% against a ~5.5% floor), and a run trained without [MASK] never saw what [MASK] shows
+    plateau = {**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}
+    se = (0.055 * 0.945 / 465) ** 0.5
+    assert learned({**plateau, "ref_rnd_acc": 0.037, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is False
+    assert learned({**plateau, "ref_rnd_acc": 0.055 + 2.9 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is False
+    assert learned({**plateau, "ref_rnd_acc": 0.055 + 3.1 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is True
+    assert learned({**plateau, "ref_mask_acc": 0.20, "ref_rnd_acc": 0.01, "ref_rnd_mode_acc": 0.055,
+                    "ref_rnd_count": 465}) is True
 
 
 # --------------------------------------------------------------------------- bits dropout (impl.dropout_masks)
