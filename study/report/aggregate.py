@@ -119,8 +119,8 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                      "ref_mlm_acc": metrics.get("ref_mlm_acc"), "ref_mode_acc": metrics.get("ref_mode_acc"),
                      "ref_mask_acc": metrics.get("ref_mask_acc"),
                      "ref_mask_mode_acc": metrics.get("ref_mask_mode_acc"),
-                     # descriptive, per run only (no comparisons, so no Holm family grows): the kept and
-                     # the randomly replaced asked positions, which BERT Table 8's splits train differently
+                     # per run only (no comparisons, so no Holm family grows): the kept and the randomly
+                     # replaced asked positions, which BERT Table 8's splits train differently
                      "ref_keep_acc": metrics.get("ref_keep_acc"), "ref_rnd_acc": metrics.get("ref_rnd_acc"),
                      "ref_rnd_mode_acc": metrics.get("ref_rnd_mode_acc"), "learned": learned(metrics)})
         if status == "done":
