@@ -19,10 +19,10 @@ Two accuracies, each with its floor (always predicting the most frequent asked t
   unchanged are copied by any trained model, so ref_mlm_acc reads about 0.1 + 0.9 x mode (~15% at the
   cpu profile's vocabulary) for a model that knows nothing beyond unigrams; ref_mask_acc is what the
   context taught it, and the plateau test (report.aggregate.learned) uses it when present.
-And: ref_keep_acc over the asked positions shown unchanged, ref_rnd_acc (with its floor, which the plateau
-test counts too) over those shown as another token. BERT Table 8's splits train these differently (a 100%-[MASK] run never
-sees the kept or random cases; a 0%-[MASK] run never sees [MASK]), so they say where a split's
-reference score comes from (`shown_as`).
+Beside them, by what an asked position shows (`shown_as`): ref_keep_acc over the positions shown unchanged,
+ref_rnd_acc (with its floor, which the plateau test counts too) over those shown as another token. BERT
+Table 8's splits train these differently (a 100%-[MASK] run never sees the kept or random cases, a
+0%-[MASK] run never sees [MASK]), so they say where a split's reference score comes from.
 """
 from __future__ import annotations
 
