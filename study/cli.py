@@ -36,14 +36,6 @@ def _load_checked(path, profile):
     return study
 
 
-def _find_run(study, run_hash: str):
-    for run in study.runs:
-        if run.run_hash == run_hash:
-            return run
-    raise StudyError(f"no run with hash {run_hash} in this spec", field="--run",
-                     allowed=", ".join(r.run_hash for r in study.runs))
-
-
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args) -> int:
     for path in args.specs:
@@ -158,7 +150,7 @@ def cmd_pretrain(args) -> int:
     --jobs N trains N runs side by side, one process each (study/parallel.py)."""
     from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
-    runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
+    runs = study.select(args.run)
     jobs = resolve_jobs(getattr(args, "jobs", 1), _left_to_train(runs, layout))
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
@@ -226,7 +218,7 @@ def cmd_finetune(args) -> int:
                                  allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none")
             items.append((f"baseline {key}", ("baseline", matches[0].config, layout, args.quiet)))
     else:
-        runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
+        runs = study.select(args.run)
         for run in runs:
             status = run.status(layout)
             if status != "done":
@@ -271,7 +263,7 @@ def cmd_rescore(args) -> int:
     """Score finished runs again on the fixed reference; add the metrics fields they lack (study/pretrain/rescore.py)."""
     from study.pretrain.rescore import rescore_run
     study, layout = _study(args), _layout(args)
-    runs = [_find_run(study, h) for h in args.run] if args.run else study.runs
+    runs = study.select(args.run)
     failed = added = 0
     for run in runs:
         status = run.status(layout)
@@ -387,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", help="a profile defined in the spec (e.g. cpu, gpu)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
         if runs:
-            sp.add_argument("--run", action="append", help="only this run hash (repeatable)")
+            sp.add_argument("--run", action="append", help="only this run: its hash, or a label (all its seeds); repeatable")
         sp.set_defaults(fn=fn)
         return sp
 

@@ -44,6 +44,23 @@ def test_one_at_a_time(tmp_path):
     assert [r.label for r in study.runs] == ["base", "masking.rate=0.3", "objective.sentence=none"]
 
 
+def test_run_selection_by_hash_or_label(tmp_path, capsys):
+    study = load_study(write(tmp_path, GOOD))
+    first, label = study.runs[0], study.runs[0].label
+    assert study.select(None) == study.runs
+    assert study.select([first.run_hash]) == [first]
+    both = study.select([label])  # a label names every seed of it, in the spec's order
+    assert [r.seed for r in both] == [0, 1] and {r.label for r in both} == {label}
+    assert study.select([study.runs[-1].run_hash, label]) == [*both, study.runs[-1]]
+    with pytest.raises(StudyError) as exc:
+        study.select([label, "nope"])
+    assert exc.value.field == "--run" and first.run_hash in exc.value.allowed and label in exc.value.allowed
+    # the CLI: exit 2, the choices named, nothing trained or written
+    results = tmp_path / "results"
+    assert main(["--results", str(results), "pretrain", str(tmp_path / "s.yaml"), "--run", "nope"]) == 2
+    assert "--run" in capsys.readouterr().err and not results.exists()
+
+
 def test_hash_ignores_impl_and_changes_with_semantics():
     a = RunConfig()
     b = RunConfig(impl={"threads": 7, "progress": False, "log_every": 3, "precision": "bf16", "workers": 2})

@@ -171,13 +171,7 @@ def read_csv(path: Path) -> list[dict]:
 def select_run(study, which: str | None):
     """A planned run of `study` by hash or label (None: the first run). A label shared by several seeds
     means its first seed; the printed summary names the seed."""
-    if which is None:
-        return study.runs[0]
-    for run in study.runs:
-        if which in (run.run_hash, run.label):
-            return run
-    choices = [f"{r.run_hash} ({r.label}, seed {r.seed})" for r in study.runs]
-    raise StudyError(f"no run with hash or label {which!r} in this spec", field="--run", allowed=", ".join(choices))
+    return study.select([which] if which else None)[0]
 
 
 def _pct(v: float | None) -> str:

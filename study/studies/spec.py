@@ -96,6 +96,20 @@ class Study:
         """The study's name; a profile is part of it (results/studies/nsp-cpu, reports/nsp-cpu)."""
         return f"{self.spec.name}-{self.profile}" if self.profile else self.spec.name
 
+    def select(self, which: list[str] | None) -> list[PlannedRun]:
+        """The runs the CLI's repeatable `--run` names, in the spec's order (None: every run). Each name is
+        a run hash or a label; a label names every seed of it. One place for this rule: pretrain,
+        finetune, rescore and curve all select through it."""
+        if not which:
+            return list(self.runs)
+        known = {r.run_hash for r in self.runs} | {r.label for r in self.runs}
+        bad = [w for w in which if w not in known]
+        if bad:
+            choices = [f"{r.run_hash} ({r.label}, seed {r.seed})" for r in self.runs]
+            raise StudyError(f"no run with hash or label {bad[0]!r} in this spec", field="--run",
+                             allowed=", ".join(choices))
+        return [r for r in self.runs if r.run_hash in which or r.label in which]
+
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
