@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from study.config import RunConfig
 from study.report.aggregate import aggregate_study
 from study.paths import Layout
+from study.studies.spec import recipe_values
 
 EVIL = '<script>alert("x")</script> & "quoted" \'label\''
 
@@ -105,7 +107,9 @@ def build(root: Path, kind: str = "nsp", *, seeds=(0, 1, 2), name: str | None = 
                 runs.append(_run(layout, f"L{L}s{seed}", f"{key}={L}", seed, {key: L}, ppl=120 - 10 * L + seed,
                                  acc=0.68 + 0.01 * L, layers=L, rng=rng, baseline=f"random-L{L}",
                                  collapsed=(L, seed) == (4, 2)))   # as the depth cpu study at a too-high lr
-        plan_extra = {"x": key, "compare": None, "primary_metric": "SST-2/finetune/accuracy", "references": []}
+        plan_extra = {"x": key, "compare": None, "primary_metric": "SST-2/finetune/accuracy", "references": [],
+                      # what load_study's plan carries (the other fixtures stand for aggregates from before it)
+                      "recipe": recipe_values([RunConfig(model={"layers": L}) for L in (1, 2, 4)])}
     elif kind == "replacement":
         keys = ("masking.mask", "masking.keep", "masking.random")
         for lab, (m, k, r) in {"80/10/10": (0.8, 0.1, 0.1), "100/0/0": (1.0, 0.0, 0.0), "0/0/100": (0.0, 0.0, 1.0)}.items():

@@ -22,7 +22,11 @@ import report_fixtures as rf  # noqa: E402
 
 from study.report import references as R  # noqa: E402
 from study.errors import StudyError  # noqa: E402
-from study.report.render import load_study_dir, render_index, render_report, search_summary  # noqa: E402
+from study.config import RunConfig  # noqa: E402
+from study.paths import Layout  # noqa: E402
+from study.report.render import (load_study_dir, recipe_sentence, render_index, render_report,  # noqa: E402
+                                 search_summary)
+from study.studies.spec import load_study  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("nsp", "mask_rate", "depth", "replacement")
@@ -307,6 +311,34 @@ def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
     primary_rows = re.findall(r'<tr class="primary"><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>', comp)
     assert primary_rows == [("SST-2", "finetune", "accuracy")] and "none (primary)" in comp
     assert f"Holm over {st['family']}" in comp
+
+
+def test_methods_state_the_pretraining_recipe(rendered, tmp_path):
+    """What was pre-trained is stated under the methods: shared settings once, a factor's levels all listed,
+    the short-row phase and the masking split; an aggregate from before plans carried it renders without it."""
+    _, html, _ = rendered("depth")
+    recipe = re.search(r'id="recipe">([^<]+)<', html).group(1)
+    d = RunConfig()
+    assert f"encoder of 1 / 2 / 4 layers, hidden {d.model.hidden}," in recipe
+    assert "post-LN (BERT&#39;s)" in recipe and "Where runs differ, every value is listed." in recipe
+    assert f"peak lr {d.train.lr:g}" in recipe and "on 16-token rows" not in recipe  # no short phase by default
+    assert 'id="recipe"' not in rendered("nsp")[1]
+    spec = tmp_path / "r.yaml"
+    spec.write_text("""
+name: r
+defaults:
+  model: {arch: pre_ln}
+  objective: {max_seq_len: 64}
+  train: {amount: 300, short_len: 16, short_fraction: 0.25}
+runs:
+  - {label: a, set: {masking.mask: 0.8, masking.random: 0.1, masking.keep: 0.1}}
+  - {label: b, set: {masking.mask: 1.0, masking.random: 0.0, masking.keep: 0.0}}
+""")
+    text = recipe_sentence(load_study(spec).plan_dict(Layout(root=tmp_path / "results")))
+    assert "a pre-LN encoder of" in text and "rows of 64 tokens" in text
+    assert "[MASK]/random/unchanged 80/10/10, 100/0/0;" in text
+    assert "300 steps of 32 rows, the first 25% of them on 16-token rows" in text
+    assert not (tmp_path / "results").exists()
 
 
 def test_replacement_figure_shows_the_reference_accuracies_beside_the_downstream_panels(rendered):

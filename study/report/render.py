@@ -129,6 +129,36 @@ def methods_sentence(sf: StudyFiles) -> str:
     return text
 
 
+def recipe_sentence(plan: dict) -> str:
+    """What was pre-trained, in one sentence, from the plan's recipe (study.studies.spec.recipe_values). A
+    setting that differs between runs lists every value ("2 / 4 / 6 layers"). Empty for an aggregate
+    written before plans carried the recipe."""
+    r = plan.get("recipe")
+    if not r:
+        return ""
+
+    def v(key: str, fmt=lambda x: f"{x:g}" if isinstance(x, float) else str(x), sep: str = " / ") -> str:
+        return sep.join(fmt(x) for x in r.get(key) or []) or "?"
+
+    def pct(x: float) -> str:
+        return f"{100 * x:g}%"
+
+    arch = {"post_ln": "post-LN (BERT's)", "pre_ln": "pre-LN"}
+    text = (f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
+            f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
+            f"{v('model.dropout')}; WordPiece vocabulary {v('tokenizer.vocab_size')}; {v('objective.format')} rows "
+            f"of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
+            f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
+            f"[MASK]/random/unchanged {v('masking.split', lambda s: '/'.join(f'{100 * x:g}' for x in s), ', ')}; "
+            f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows")
+    if any(f for f in r.get("train.short_fraction") or []):
+        text += (f", the first {v('train.short_fraction', pct)} of them on {v('train.short_len')}-token rows "
+                 f"(as many tokens per step)")
+    text += (f"; AdamW at peak lr {v('train.lr')}, warmup {v('train.warmup', pct)} of the budget, "
+             f"{v('train.schedule')} schedule.")
+    return text + (" Where runs differ, every value is listed." if any(len(x) > 1 for x in r.values()) else "")
+
+
 # --------------------------------------------------------------------------- content
 def answer_sentence(sf: StudyFiles) -> dict:
     """The study's answer in ONE sentence with its CI, or why there is none yet."""
@@ -383,7 +413,7 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
     plan = sf.plan
     html = _env().get_template("report.html").render(
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
-        answer=answer, warning=warning, methods=methods_sentence(sf), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
+        answer=answer, warning=warning, methods=methods_sentence(sf), recipe=recipe_sentence(sf.plan), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
         baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
         provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,

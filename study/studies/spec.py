@@ -121,7 +121,33 @@ class Study:
                 "primary_metric": r.primary_metric, "x": r.x, "hue": r.hue, "compare": r.compare,
                 "references": r.references, "spec": str(self.path), "profile": self.profile,
                 "finetune_hash": self.runs[0].config.finetune_hash() if self.runs else None,
-                "runs": runs}
+                "recipe": recipe_values([p.config for p in self.runs]), "runs": runs}
+
+
+# The pre-training recipe a report's methods paragraph states (study.report.render.recipe_sentence): the
+# settings a reader needs to know what was trained, whether or not a factor varies them.
+RECIPE_KEYS = ("model.arch", "model.layers", "model.hidden", "model.heads", "model.intermediate", "model.dropout",
+               "tokenizer.vocab_size", "objective.format", "objective.sentence", "objective.max_seq_len",
+               "masking.rate", "masking.split", "masking.unit",
+               "train.budget", "train.amount", "train.batch_size", "train.short_len", "train.short_fraction",
+               "train.lr", "train.warmup", "train.schedule")
+
+
+def recipe_values(configs: list[RunConfig]) -> dict[str, list]:
+    """{dotted key: its distinct values over the runs, in run order}: one value where every run shares it,
+    several where a factor (or a run's `set`) varies it. masking.split is [mask, random, keep], kept together
+    because the three only mean something as one split."""
+    out: dict[str, list] = {}
+    for key in RECIPE_KEYS:
+        section, name = key.split(".")
+        vals: list = []
+        for cfg in configs:
+            m = cfg.masking
+            v = [m.mask, m.random, m.keep] if key == "masking.split" else getattr(getattr(cfg, section), name)
+            if v not in vals:
+                vals.append(v)
+        out[key] = vals
+    return out
 
 
 # --------------------------------------------------------------------------- helpers (public: search uses them)
