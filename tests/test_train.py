@@ -745,3 +745,11 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     assert [e["step"] for e in events(run) if e["event"] == "resume"] == [5, 13]
     assert_same_weights(run_dir, run)
     assert stable_history(run_dir) == stable_history(run)
+    # evals in both phases (what `study curve` adds) leave the run bitwise as it was
+    evals = make_cfg(corpus, train__amount=20, train__short_len=8, train__short_fraction=0.4, impl__eval_every=3,
+                     impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    assert evals.run_hash() == cfg.run_hash()
+    lay = layout("evals")
+    train_run(evals, lay, quiet=True)
+    assert len([h for h in history(lay.run_dir(cfg.run_hash())) if "eval" in h]) == 7
+    assert_same_weights(run_dir, lay.run_dir(cfg.run_hash()))

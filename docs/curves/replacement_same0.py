@@ -1,0 +1,91 @@
+"""Why the replacement study's SAME-0 splits stay on the plateau: recipe changes tried on them (docs/RESULTS.md).
+
+    nice .venv/bin/python docs/curves/replacement_same0.py [--results bench/out/replacement-curves] [--out docs/curves]
+    nice .venv/bin/python docs/curves/replacement_same0.py --plan      # the run hashes only, nothing trained
+
+Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
+for every split it is tried on, so the budget stays equal), an eval every EVERY steps, two processes with
+one thread each. Writes a CSV per run (`replacement_<i>_<run_hash>.csv`), one PNG, and prints the table
+docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
+"""
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from study.paths import Layout
+from study.pretrain.curve import learning_curve, write_csv
+from study.report.curves import save_curve_png
+from study.studies.spec import load_study
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+EVERY = 250
+SPEC = REPO / "ablations" / "replacement.yaml"
+# (split label, seed, recipe change): the cpu recipe is lr 2e-3, warmup 6%, post-LN
+RUNS = [
+    ("MASK80/SAME0/RND20", 1, {}),
+    ("MASK80/SAME0/RND20", 1, {"train.lr": 1.0e-3}),
+    ("MASK80/SAME0/RND20", 1, {"model.arch": "pre_ln"}),
+    ("MASK80/SAME0/RND20", 1, {"train.warmup": 0.2}),
+    ("MASK0/SAME0/RND100", 0, {"train.lr": 1.0e-3}),
+    ("MASK0/SAME0/RND100", 0, {"train.warmup": 0.2}),
+    ("MASK80/SAME10/RND10", 0, {"train.lr": 1.0e-3}),
+    ("MASK0/SAME0/RND100", 0, {"model.arch": "pre_ln"}),
+    ("MASK80/SAME10/RND10", 0, {"model.arch": "pre_ln"}),
+    ("MASK100/SAME0/RND0", 2, {"model.arch": "pre_ln"}),
+]
+
+
+def config(label: str, seed: int, change: dict):
+    run = next(r for r in load_study(SPEC, "cpu").runs if r.label == label and r.seed == seed)
+    data = run.config.model_dump()
+    for key, value in change.items():
+        section, name = key.split(".")
+        data[section][name] = value
+    cfg = type(run.config).model_validate(data)   # validated again, like a spec's `set`
+    cfg.impl.threads, cfg.impl.progress = 1, False  # speed-only: the run hash is unchanged
+    return cfg
+
+
+def name(label: str, seed: int, change: dict) -> str:
+    what = ", ".join(f"{k.split('.')[1]} {v:g}" if isinstance(v, float) else f"{v}" for k, v in change.items())
+    return f"{label.replace('MASK', '').replace('SAME', '').replace('RND', '')} s{seed}: {what or 'cpu recipe'}"
+
+
+def one(args: tuple) -> tuple[str, list[dict], str]:
+    (label, seed, change), results = args
+    curve = learning_curve(config(label, seed, change), Layout(root=results), EVERY, quiet=True)
+    return name(label, seed, change), curve.rows, curve.run_hash
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", type=Path, default=REPO / "bench" / "out" / "replacement-curves")  # git-ignored
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--plan", action="store_true", help="print the run hashes and stop")
+    args = ap.parse_args()
+    if args.plan:
+        for run in RUNS:
+            print(config(*run).run_hash(), name(*run))
+        return
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(one, [(run, args.results) for run in RUNS]))
+    print("| split (MASK/SAME/RND), seed: recipe | run | overall | at [MASK] | [MASK] floor | [MASK] 2x floor at step |")
+    print("|---|---|---|---|---|---|")
+    curves = {}
+    for i, (label, rows, run_hash) in enumerate(done):
+        curves[label] = rows
+        write_csv(rows, args.out / f"replacement_{i}_{run_hash}.csv")
+        last = rows[-1]
+        hit = next((r for r in rows if r["ref_mask_acc"] >= 2 * r["ref_mask_mode_acc"]), None)
+        print(f"| {label} | {run_hash} | {100 * last['ref_mlm_acc']:.1f}% | {100 * last['ref_mask_acc']:.1f}% | "
+              f"{100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
+    png = save_curve_png(curves, args.out / "replacement_same0.png",
+                         title="replacement, cpu profile: SAME-0 splits under recipe changes (3,000 steps each)")
+    print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
