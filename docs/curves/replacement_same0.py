@@ -5,7 +5,7 @@
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on, so the budget stays equal), an eval every EVERY steps, two processes with
-one thread each. Writes a CSV per run (`replacement_<i>_<run_hash>.csv`), one PNG, and prints the table
+one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`), one PNG per group, and prints the table
 docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
 from __future__ import annotations
@@ -17,25 +17,30 @@ from pathlib import Path
 from study.paths import Layout
 from study.pretrain.curve import learning_curve, write_csv
 from study.report.curves import save_curve_png
+from study.rundir import RunDir
 from study.studies.spec import load_study
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 EVERY = 250
 SPEC = REPO / "ablations" / "replacement.yaml"
-# (split label, seed, recipe change): the cpu recipe is lr 2e-3, warmup 6%, post-LN
-RUNS = [
-    ("MASK80/SAME0/RND20", 1, {}),
-    ("MASK80/SAME0/RND20", 1, {"train.lr": 1.0e-3}),
-    ("MASK80/SAME0/RND20", 1, {"model.arch": "pre_ln"}),
-    ("MASK80/SAME0/RND20", 1, {"train.warmup": 0.2}),
-    ("MASK0/SAME0/RND100", 0, {"train.lr": 1.0e-3}),
-    ("MASK0/SAME0/RND100", 0, {"train.warmup": 0.2}),
-    ("MASK80/SAME10/RND10", 0, {"train.lr": 1.0e-3}),
-    ("MASK0/SAME0/RND100", 0, {"model.arch": "pre_ln"}),
-    ("MASK80/SAME10/RND10", 0, {"model.arch": "pre_ln"}),
-    ("MASK100/SAME0/RND0", 2, {"model.arch": "pre_ln"}),
-]
+# figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN
+SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
+GROUPS = {
+    "replacement_same0": [
+        ("MASK80/SAME0/RND20", 1, {}),
+        ("MASK80/SAME0/RND20", 1, {"train.lr": 1.0e-3}),
+        ("MASK80/SAME0/RND20", 1, {"model.arch": "pre_ln"}),
+        ("MASK80/SAME0/RND20", 1, {"train.warmup": 0.2}),
+        ("MASK0/SAME0/RND100", 0, {"train.lr": 1.0e-3}),
+        ("MASK0/SAME0/RND100", 0, {"train.warmup": 0.2}),
+        ("MASK80/SAME10/RND10", 0, {"train.lr": 1.0e-3}),
+    ],
+    # every seed of BERT's split and of the three SAME-0 splits, pre-LN (the cpu recipe otherwise)
+    "replacement_preln": [(label, seed, {"model.arch": "pre_ln"}) for label in SPLITS for seed in (0, 1, 2)],
+}
+TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
+          "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed"}
 
 
 def config(label: str, seed: int, change: dict):
@@ -54,10 +59,12 @@ def name(label: str, seed: int, change: dict) -> str:
     return f"{label.replace('MASK', '').replace('SAME', '').replace('RND', '')} s{seed}: {what or 'cpu recipe'}"
 
 
-def one(args: tuple) -> tuple[str, list[dict], str]:
+def one(args: tuple) -> tuple[str, list[dict], str, float]:
+    """(legend name, curve rows, run hash, accuracy on the reference's kept positions: how much it copies)."""
     (label, seed, change), results = args
-    curve = learning_curve(config(label, seed, change), Layout(root=results), EVERY, quiet=True)
-    return name(label, seed, change), curve.rows, curve.run_hash
+    layout = Layout(root=results)
+    curve = learning_curve(config(label, seed, change), layout, EVERY, quiet=True)
+    return name(label, seed, change), curve.rows, curve.run_hash, RunDir(layout, curve.run_hash).metrics()["ref_keep_acc"]
 
 
 def main() -> None:
@@ -66,25 +73,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--plan", action="store_true", help="print the run hashes and stop")
     args = ap.parse_args()
+    runs = [(group, run) for group, members in GROUPS.items() for run in members]
     if args.plan:
-        for run in RUNS:
-            print(config(*run).run_hash(), name(*run))
+        for group, run in runs:
+            print(config(*run).run_hash(), group, name(*run))
         return
     with ProcessPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(one, [(run, args.results) for run in RUNS]))
-    print("| split (MASK/SAME/RND), seed: recipe | run | overall | at [MASK] | [MASK] floor | [MASK] 2x floor at step |")
-    print("|---|---|---|---|---|---|")
-    curves = {}
-    for i, (label, rows, run_hash) in enumerate(done):
-        curves[label] = rows
-        write_csv(rows, args.out / f"replacement_{i}_{run_hash}.csv")
+        done = list(pool.map(one, [(run, args.results) for _, run in runs]))
+    print("| split (MASK/SAME/RND), seed: recipe | run | overall | at [MASK] | kept | [MASK] floor | [MASK] 2x floor at step |")
+    print("|---|---|---|---|---|---|---|")
+    curves: dict[str, dict] = {group: {} for group in GROUPS}
+    for (group, _), (label, rows, run_hash, keep) in zip(runs, done):
+        curves[group][label] = rows
+        write_csv(rows, args.out / f"{group}_{run_hash}.csv")
         last = rows[-1]
         hit = next((r for r in rows if r["ref_mask_acc"] >= 2 * r["ref_mask_mode_acc"]), None)
         print(f"| {label} | {run_hash} | {100 * last['ref_mlm_acc']:.1f}% | {100 * last['ref_mask_acc']:.1f}% | "
-              f"{100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
-    png = save_curve_png(curves, args.out / "replacement_same0.png",
-                         title="replacement, cpu profile: SAME-0 splits under recipe changes (3,000 steps each)")
-    print(f"wrote {png}")
+              f"{100 * keep:.1f}% | {100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
+    for group, by_label in curves.items():
+        png = save_curve_png(by_label, args.out / f"{group}.png", title=TITLES[group])
+        print(f"wrote {png}")
 
 
 if __name__ == "__main__":
