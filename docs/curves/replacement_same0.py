@@ -38,9 +38,13 @@ GROUPS = {
     ],
     # every seed of BERT's split and of the three SAME-0 splits, pre-LN (the cpu recipe otherwise)
     "replacement_preln": [(label, seed, {"model.arch": "pre_ln"}) for label in SPLITS for seed in (0, 1, 2)],
+    # the cpu recipe at twice the steps (its short-row phase is 30% of them, so twice as long too)
+    "replacement_longer": [("MASK80/SAME0/RND20", 1, {"train.amount": 6000.0}),
+                           ("MASK0/SAME0/RND100", 0, {"train.amount": 6000.0})],
 }
 TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
-          "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed"}
+          "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed",
+          "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)"}
 
 
 def config(label: str, seed: int, change: dict):
