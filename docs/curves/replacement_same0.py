@@ -4,8 +4,8 @@
     nice .venv/bin/python docs/curves/replacement_same0.py --plan      # the run hashes only, nothing trained
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
-for every split it is tried on, so the budget stays equal), an eval every EVERY steps, two processes with
-one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`), one PNG per group, and prints the table
+for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
+eval every EVERY steps, two processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`), one PNG per group, and prints the table
 docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
 from __future__ import annotations
