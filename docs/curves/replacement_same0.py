@@ -5,20 +5,21 @@
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
-eval every EVERY steps, two processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`), one PNG per group, and prints the table
-docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
+eval every EVERY steps, two processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
+one PNG per group, and prints the table docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
 from __future__ import annotations
 
 import argparse
 from concurrent.futures import ProcessPoolExecutor
+from functools import cache
 from pathlib import Path
 
 from study.paths import Layout
 from study.pretrain.curve import learning_curve, write_csv
 from study.report.curves import save_curve_png
 from study.rundir import RunDir
-from study.studies.spec import load_study
+from study.studies.spec import load_study, set_dotted
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -47,12 +48,17 @@ TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile:
           "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)"}
 
 
+@cache
+def study():
+    """The spec at --profile cpu, loaded once per process (loading fingerprints the whole corpus)."""
+    return load_study(SPEC, "cpu")
+
+
 def config(label: str, seed: int, change: dict):
-    run = next(r for r in load_study(SPEC, "cpu").runs if r.label == label and r.seed == seed)
+    run = next(r for r in study().runs if r.label == label and r.seed == seed)
     data = run.config.model_dump()
     for key, value in change.items():
-        section, name = key.split(".")
-        data[section][name] = value
+        set_dotted(data, key, value, source=__file__)  # the spec's own rule for a dotted key
     cfg = type(run.config).model_validate(data)   # validated again, like a spec's `set`
     cfg.impl.threads, cfg.impl.progress = 1, False  # speed-only: the run hash is unchanged
     return cfg

@@ -151,7 +151,7 @@ def recipe_sentence(plan: dict) -> str:
             f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
             f"[MASK]/random/unchanged {v('masking.split', lambda s: '/'.join(f'{100 * x:g}' for x in s), ', ')}; "
             f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows")
-    if any(f for f in r.get("train.short_fraction") or []):
+    if any(r.get("train.short_fraction") or []):
         text += (f", the first {v('train.short_fraction', pct)} of them on {v('train.short_len')}-token rows "
                  f"(as many tokens per step)")
     text += (f"; AdamW at peak lr {v('train.lr')}, warmup {v('train.warmup', pct)} of the budget, "
