@@ -44,7 +44,7 @@ defaults:
   tokenizer: {{vocab_size: 300}}
   objective: {{format: segment_pair, max_seq_len: 32}}
   model: {{layers: 1, hidden: 32, heads: 2, intermediate: 64, max_positions: 64}}
-  train: {{amount: {STEPS}, batch_size: 8, lr: 2.0e-3, eval_sequences: 32}}
+  train: {{amount: {STEPS}, batch_size: 8, lr: 2.0e-3, eval_sequences: 32, short_len: 8, short_fraction: 0.25}}
   finetune: {{max_length: 32}}
   impl: {{threads: 1, log_every: 4, progress: false}}
 factors:
@@ -69,6 +69,9 @@ def test_curve_rows_then_reuse(spec, tmp_path, capsys):
     assert all(a["tokens"] < b["tokens"] for a, b in zip(rows, rows[1:]))
     assert all(a["train_s"] < b["train_s"] for a, b in zip(rows, rows[1:]))
     assert all(0 < r["ref_mode_acc"] < 1 and 0 <= r["ref_mlm_acc"] <= 1 for r in rows)
+    # the encoder's spread, and the same questions on rows of the warmup's short length (drawn dash-dot)
+    assert all(0 <= r["ref_spread"] <= 1 and 0 <= r["short_mask_acc"] <= 1 and 0 < r["short_mask_mode_acc"] < 1
+               for r in rows)
     # the study's own run folder (impl.eval_every is outside the hash), finished and matching its metrics
     rd = RunDir(Layout(root=results), run.run_hash)
     assert rd.status().done

@@ -418,3 +418,29 @@ def test_transformers_quiet_restores_the_callers_progress_bar_setting(tmp_path):
         assert load_pretrained(tmp_path, "eager", quiet=True).config.hidden_size == CFG.hidden
         assert hf_logging.is_progress_bar_enabled() == enabled
     hf_logging.enable_progress_bar()
+
+
+def test_reference_spread_measures_how_much_the_encoder_output_varies_between_asked_positions():
+    """ref_spread is sqrt(1 - |mean h|^2 / mean |h|^2) over the encoder outputs the MLM head reads at the asked
+    positions, the same with sparse and full heads; an encoder that sends one vector everywhere (the collapse
+    of the replacement study's SAME-0 runs, docs/RESULTS.md) scores 0."""
+    from study.pretrain.evaluate import EvalSet, evaluate, spread
+    b = batch(5)
+    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
+                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=4)
+    m = build_model(CFG, VOCAB, True, ImplConfig(), seed=2).eval()
+    with torch.no_grad():
+        h = m.bert(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                   token_type_ids=b["token_type_ids"])[0][b["labels"] != -100].double()
+    want = (1 - h.mean(0).square().sum() / h.square().sum(1).mean()).sqrt().item()
+    assert 0.3 < want < 1
+    for sparse in (True, False):
+        assert evaluate(m, es, None, torch.device("cpu"), sparse=sparse)["ref_spread"] == pytest.approx(want, rel=1e-6)
+    last = m.bert.encoder.layer[-1].output.LayerNorm
+    with torch.no_grad():   # the last LayerNorm's gain 0: every position's output is its bias
+        last.weight.zero_()
+        last.bias.copy_(torch.randn(CFG.hidden, generator=torch.Generator().manual_seed(0)))
+    assert evaluate(m, es, None, torch.device("cpu"))["ref_spread"] == pytest.approx(0, abs=1e-6)
+    v = torch.ones(3, dtype=torch.float64)
+    assert spread(None, 0.0, 0) != spread(None, 0.0, 0)             # nothing asked: nan
+    assert spread(v - v, 6.0, 2) == pytest.approx(1.0)               # h and -h: no common part

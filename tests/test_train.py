@@ -24,6 +24,7 @@ from study.errors import Diverged, StudyError
 from study.paths import Layout
 from study.errors import EXIT_INTERRUPTED, Interrupted
 from study.pretrain.checkpoint import read_checkpoint
+from study.pretrain.evaluate import short_reference_set
 from study.pretrain.schedule import lr_curve
 from study.pretrain.trainer import NAN_ENV, main, train_run
 
@@ -734,6 +735,10 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     train_run(plain, plain_lay, quiet=True)
     plain_ev = [h["eval"] for h in history(plain_lay.run_dir(plain.run_hash())) if "eval" in h][-1]
     assert ev["ref_masked"] == plain_ev["ref_masked"]      # the same reference questions
+    # ... and a second one on rows of the short length (what the warmup trains), only where there is a warmup
+    assert 0 <= ev["short_mask_acc"] <= 1 and 0 < ev["short_mask_mode_acc"] < 1 and 0 <= ev["short_spread"] <= 1
+    assert not any(k.startswith("short_") for k in plain_ev)
+    assert short_reference_set(plain, None) is None
     lay = layout("b")
     for stop in (5, 13):                                   # once in each phase
         _sigterm_at(monkeypatch, stop)
@@ -751,5 +756,6 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     assert evals.run_hash() == cfg.run_hash()
     lay = layout("evals")
     train_run(evals, lay, quiet=True)
-    assert len([h for h in history(lay.run_dir(cfg.run_hash())) if "eval" in h]) == 7
+    evs = [h["eval"] for h in history(lay.run_dir(cfg.run_hash())) if "eval" in h]
+    assert len(evs) == 7 and all("short_mask_acc" in e for e in evs)
     assert_same_weights(run_dir, lay.run_dir(cfg.run_hash()))

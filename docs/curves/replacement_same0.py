@@ -2,10 +2,12 @@
 
     nice .venv/bin/python docs/curves/replacement_same0.py [--results bench/out/replacement-curves] [--out docs/curves]
     nice .venv/bin/python docs/curves/replacement_same0.py --plan      # the run hashes only, nothing trained
+    nice .venv/bin/python docs/curves/replacement_same0.py --group replacement_warmup   # one group only
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
-eval every EVERY steps, two processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
+eval every EVERY steps (replacement_warmup: every 100, to see the warmup's 900 steps of short rows), two processes
+with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
 one PNG per group, and prints the table docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from study.studies.spec import load_study, set_dotted
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 EVERY = 250
+EVERY_IN = {"replacement_warmup": 100}
 SPEC = REPO / "ablations" / "replacement.yaml"
 # figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN
 SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
@@ -42,10 +45,14 @@ GROUPS = {
     # the cpu recipe at twice the steps (its short-row phase is 30% of them, so twice as long too)
     "replacement_longer": [("MASK80/SAME0/RND20", 1, {"train.amount": 6000.0}),
                            ("MASK0/SAME0/RND100", 0, {"train.amount": 6000.0})],
+    # the cpu recipe again, with the short-row reference (short_mask_acc): does the 16-token warmup teach context?
+    "replacement_warmup": [("MASK80/SAME10/RND10", 0, {}), ("MASK80/SAME20/RND0", 0, {}), ("MASK80/SAME0/RND20", 1, {}),
+                           ("MASK0/SAME0/RND100", 0, {}), ("MASK100/SAME0/RND0", 1, {}), ("MASK100/SAME0/RND0", 2, {})],
 }
 TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
           "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed",
-          "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)"}
+          "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)",
+          "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows"}
 
 
 @cache
@@ -71,9 +78,9 @@ def name(label: str, seed: int, change: dict) -> str:
 
 def one(args: tuple) -> tuple[str, list[dict], str, float]:
     """(legend name, curve rows, run hash, accuracy on the reference's kept positions: how much it copies)."""
-    (label, seed, change), results = args
+    group, (label, seed, change), results = args
     layout = Layout(root=results)
-    curve = learning_curve(config(label, seed, change), layout, EVERY, quiet=True)
+    curve = learning_curve(config(label, seed, change), layout, EVERY_IN.get(group, EVERY), quiet=True)
     return name(label, seed, change), curve.rows, curve.run_hash, RunDir(layout, curve.run_hash).metrics()["ref_keep_acc"]
 
 
@@ -82,17 +89,19 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=REPO / "bench" / "out" / "replacement-curves")  # git-ignored
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--plan", action="store_true", help="print the run hashes and stop")
+    ap.add_argument("--group", action="append", choices=sorted(GROUPS), help="only these groups (repeatable)")
     args = ap.parse_args()
-    runs = [(group, run) for group, members in GROUPS.items() for run in members]
+    groups = {g: m for g, m in GROUPS.items() if not args.group or g in args.group}
+    runs = [(group, run) for group, members in groups.items() for run in members]
     if args.plan:
         for group, run in runs:
             print(config(*run).run_hash(), group, name(*run))
         return
     with ProcessPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(one, [(run, args.results) for _, run in runs]))
+        done = list(pool.map(one, [(group, run, args.results) for group, run in runs]))
     print("| split (MASK/SAME/RND), seed: recipe | run | overall | at [MASK] | kept | [MASK] floor | [MASK] 2x floor at step |")
     print("|---|---|---|---|---|---|---|")
-    curves: dict[str, dict] = {group: {} for group in GROUPS}
+    curves: dict[str, dict] = {group: {} for group in groups}
     for (group, _), (label, rows, run_hash, keep) in zip(runs, done):
         curves[group][label] = rows
         write_csv(rows, args.out / f"{group}_{run_hash}.csv")
@@ -100,6 +109,16 @@ def main() -> None:
         hit = next((r for r in rows if r["ref_mask_acc"] >= 2 * r["ref_mask_mode_acc"]), None)
         print(f"| {label} | {run_hash} | {100 * last['ref_mlm_acc']:.1f}% | {100 * last['ref_mask_acc']:.1f}% | "
               f"{100 * keep:.1f}% | {100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
+    warm = [(label, rows) for (group, _), (label, rows, _, _) in zip(runs, done) if rows[0].get("short_mask_acc") is not None]
+    if warm:   # the runs evaluated on short rows too: what the warmup taught, and the encoder's spread
+        print("\n| split, seed | on 16-token rows: [MASK] at step 300 / 600 / 900 | floor | spread at 300 / 900 "
+              "| spread at the end (128 tokens) |")
+        print("|---|---|---|---|---|")
+        for label, rows in warm:
+            at = {r["step"]: r for r in rows}
+            acc = " / ".join(f"{100 * at[k]['short_mask_acc']:.1f}" for k in (300, 600, 900))
+            spr = " / ".join(f"{at[k]['short_spread']:.2f}" for k in (300, 900))
+            print(f"| {label} | {acc} | {100 * rows[-1]['short_mask_mode_acc']:.1f}% | {spr} | {rows[-1]['ref_spread']:.2f} |")
     for group, by_label in curves.items():
         png = save_curve_png(by_label, args.out / f"{group}.png", title=TITLES[group])
         print(f"wrote {png}")

@@ -77,12 +77,14 @@ class LossOut:
     sentence_correct: torch.Tensor | None
     sentence_count: int
     mlm_hits: torch.Tensor | None = None   # with accuracy: correct or not, per asked position, row-major order
+    mlm_hidden: torch.Tensor | None = None  # with hidden: the encoder's output at each asked position, same order
 
 
 def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      token_type_ids: torch.Tensor, labels: torch.Tensor,
                      sentence_label: torch.Tensor | None = None, *, sparse: bool = True,
-                     accuracy: bool = True, n_masked: int | None = None, sentence: bool | None = None) -> LossOut:
+                     accuracy: bool = True, n_masked: int | None = None, sentence: bool | None = None,
+                     hidden: bool = False) -> LossOut:
     """MLM (+ NSP/SOP when `sentence_label` has entries >= 0) loss of one batch.
 
     The MLM loss is the mean over masked tokens of the batch in both modes, so sparse and
@@ -94,6 +96,7 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
     read is a host sync on a GPU): `n_masked`, the number of labels != IGNORE, picks the masked rows with a
     stable sort instead of a boolean index (the same rows in the same order, so the same loss and gradients);
     `sentence` says whether any sentence label is >= 0. Left None, both are read from the tensors.
+    `hidden=True` (evaluation) also returns the encoder's output rows the MLM head read at the asked positions.
     """
     out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     seq, pooled = out[0], out[1]
@@ -101,15 +104,18 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
     if sparse and n_masked is not None:
         flat = labels.flatten()
         rows = torch.argsort((flat == IGNORE).to(torch.int8), stable=True)[:n_masked]  # masked, in order
-        logits = heads.predictions(seq.flatten(0, 1).index_select(0, rows))
+        asked = seq.flatten(0, 1).index_select(0, rows)
+        logits = heads.predictions(asked)
         target = flat.index_select(0, rows)
     elif sparse:
         sel = labels != IGNORE
-        logits = heads.predictions(seq[sel])            # [n_masked, vocab]
+        asked = seq[sel]
+        logits = heads.predictions(asked)               # [n_masked, vocab]
         target = labels[sel]
     else:
         logits = heads.predictions(seq).flatten(0, 1)   # [B*L, vocab]
         target = labels.flatten()
+        asked = seq[labels != IGNORE] if hidden else None
     mlm_loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE)
     valid = target != IGNORE
     hits = (logits.argmax(-1) == target) & valid if accuracy else None
@@ -127,7 +133,8 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         loss = mlm_loss + s_loss
     if hits is not None and not sparse:
         hits = hits[valid]   # the full head scored every position: keep the asked ones, as the sparse head
-    return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits)
+    return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits,
+                   asked if hidden else None)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float,

@@ -10,7 +10,10 @@ that trained it, so a curve of a run trained yesterday and one trained now are c
 
 - one row per eval line: step, tokens, ref_mlm_acc, ref_mode_acc (the most-frequent-token floor),
   ref_mlm_loss, ref_ppl, sentence_acc, and ref_mask_acc / ref_mask_mode_acc (the same on the positions
-  that show [MASK]; empty for evals made before they existed);
+  that show [MASK]), ref_spread (0 when the encoder sends one vector to every asked position), and for a run
+  with a sequence-length warmup short_mask_acc / short_mask_mode_acc / short_spread, the same on rows of its
+  short length (while the rows are short, the full-length reference asks about untrained positions); empty
+  for evals made before they existed or runs without the warmup;
 - `train_s`, seconds inside training steps up to that eval (evals and checkpoints excluded, like the
   run's metrics `time_s`): the log lines record each window's tokens/s, so the seconds of a window are
   its tokens over that rate; an eval between two log lines is interpolated in tokens. The final row
@@ -35,7 +38,9 @@ from study.pretrain.trainer import train_run
 from study.rundir import RunDir
 
 COLUMNS = ("step", "tokens", "train_s", "ref_mlm_acc", "ref_mode_acc", "ref_mlm_loss", "ref_ppl", "sentence_acc",
-           "ref_mask_acc", "ref_mask_mode_acc")   # the last two: [MASK] positions only (evaluate.py)
+           "ref_mask_acc", "ref_mask_mode_acc",   # [MASK] positions only (evaluate.py)
+           "ref_spread",   # how much the encoder's output varies between asked positions (0: collapsed)
+           "short_mask_acc", "short_mask_mode_acc", "short_spread")   # on the warmup's short rows (evaluate.py)
 
 
 @dataclass

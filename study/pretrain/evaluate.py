@@ -23,6 +23,11 @@ Beside them, by what an asked position shows (`shown_as`): ref_keep_acc over the
 ref_rnd_acc (with its floor, which the plateau test counts too) over those shown as another token. BERT
 Table 8's splits train these differently (a 100%-[MASK] run never sees the kept or random cases, a
 0%-[MASK] run never sees [MASK]), so they say where a split's reference score comes from.
+ref_spread: how much the encoder's output at the asked positions varies between them (`spread`): 0 for an
+encoder that answers every position with one vector (a collapsed run), which accuracy alone cannot tell
+from a run that has not yet learned context.
+short_mlm_acc, short_mask_acc / short_mask_mode_acc and short_spread: the same on the reference cut at the
+sequence-length warmup's row length (`short_reference_set`), for runs that have one.
 """
 from __future__ import annotations
 
@@ -83,6 +88,18 @@ def reference_set(cfg: RunConfig, prepared) -> EvalSet:
     return _masked_set(inst, min(cfg.train.eval_sequences, len(inst.input_ids)), prepared.special, False)
 
 
+def short_reference_set(cfg: RunConfig, prepared) -> EvalSet | None:
+    """The reference cut at train.short_len, the sequence-length warmup's rows (None without the warmup):
+    as many token slots as the reference (eval_sequences x max_seq_len // short_len rows), masked the same
+    way. Why: while the rows are short, the reference asks about positions the model has not trained yet
+    (16-127 of 128 at the cpu profile), so it cannot tell whether the warmup is teaching context; this can."""
+    short = cfg.short_phase()
+    if short is None:
+        return None
+    short.train.eval_sequences = cfg.train.eval_sequences * (cfg.objective.max_seq_len // cfg.train.short_len)
+    return reference_set(short, prepared)
+
+
 def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     """Valid instances with the run's objective (fixed seed) for NSP/SOP accuracy; None without a task."""
     if cfg.objective.sentence == "none":
@@ -106,6 +123,7 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
     loss_sum = 0.0
     correct = count = s_correct = s_count = 0
     by_shown = {k: [0, 0] for k in SHOWN}   # correct, count per what the asked position shows
+    h_sum, h_sq = None, 0.0                 # the encoder's output at the asked positions: sum, sum of squared norms
     for b in range(0, len(es), EVAL_BATCH):
         sl = slice(b, b + EVAL_BATCH)
         att = es.attention_mask[sl]
@@ -115,8 +133,12 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
         batch = {k: v.to(device) for k, v in batch.items()}
         s_lab = es.sentence_label[sl].to(device) if es.sentence_label is not None else None
         with autocast():
-            out = pretraining_loss(model, **batch, sentence_label=s_lab, sparse=sparse)
+            out = pretraining_loss(model, **batch, sentence_label=s_lab, sparse=sparse, hidden=True)
         n = int(out.mlm_count)
+        if n:
+            h = out.mlm_hidden.double()
+            h_sum = h.sum(0) if h_sum is None else h_sum + h.sum(0)
+            h_sq += float(h.square().sum())
         if n:
             loss_sum += float(out.mlm_loss) * n  # mean over the batch's masked tokens -> sum
         correct += int(out.mlm_correct)
@@ -133,7 +155,16 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
            "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count}
     for k, (c, m) in by_shown.items():
         out[f"{k}_acc"], out[f"{k}_count"] = (c / m if m else float("nan")), m
+    out["spread"] = spread(h_sum, h_sq, count)
     return out
+
+
+def spread(h_sum: torch.Tensor | None, h_sq: float, n: int) -> float:
+    """How much of the encoder's output varies between the asked positions: sqrt(1 - |mean h|^2 / mean |h|^2),
+    0 when every position gets the same vector, near 1 when the mean is small beside the vectors."""
+    if not n or h_sq <= 0:
+        return float("nan")
+    return math.sqrt(max(0.0, 1.0 - float(h_sum.square().sum()) / n**2 / (h_sq / n)))
 
 
 def shown_as(input_ids: torch.Tensor, labels: torch.Tensor, mask_id: int) -> dict[str, torch.Tensor]:
@@ -162,15 +193,21 @@ def mode_accuracy(es: EvalSet, shown: str | None = None) -> float:
 
 
 def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
-             autocast=contextlib.nullcontext, sparse: bool = True) -> dict:
-    """Reference MLM loss/accuracy/perplexity (+ NSP/SOP accuracy). Leaves the model's mode as it was."""
+             autocast=contextlib.nullcontext, sparse: bool = True, short: EvalSet | None = None) -> dict:
+    """Reference MLM loss/accuracy/perplexity (+ NSP/SOP accuracy, + the short-row reference's when given).
+    Leaves the model's mode as it was."""
     was_training = model.training
     model.eval()
     try:
         r = _score(model, ref, device, autocast, sparse)
         s = _score(model, sent, device, autocast, sparse) if sent is not None else None
+        q = _score(model, short, device, autocast, sparse) if short is not None else None
     finally:
         model.train(was_training)
+    # the short-row reference (short_reference_set): only where the run has a sequence-length warmup
+    on_short = {} if q is None else {
+        "short_mlm_acc": q["acc"], "short_mask_acc": q["mask_acc"],
+        "short_mask_mode_acc": mode_accuracy(short, shown="mask"), "short_spread": q["spread"]}
     return {
         "ref_mlm_loss": r["loss"],
         "ref_mlm_acc": r["acc"],
@@ -194,6 +231,12 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
         "ref_rnd_acc": r["rnd_acc"],
         "ref_rnd_mode_acc": mode_accuracy(ref, shown="rnd"),
         "ref_rnd_count": r["rnd_count"],
+        # collapsed, or only on the plateau? 0 when the encoder sends one vector to the MLM head at every asked
+        # position. Measured at the end of the replacement study's cpu runs: 0.002 for a run that predicts one
+        # token everywhere, 0.33-0.67 for SAME-0 runs near the floor, 0.65-0.88 for runs that left it; early in
+        # training the SAME-0 runs collapse toward 0 and most never recover (docs/RESULTS.md)
+        "ref_spread": r["spread"],
+        **on_short,
     }
 
 

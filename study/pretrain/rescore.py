@@ -23,7 +23,7 @@ from study.config import RunConfig
 from study.data.prepare import prepare_data
 from study.errors import StudyError
 from study.paths import Layout
-from study.pretrain.evaluate import evaluate, reference_set, sentence_set
+from study.pretrain.evaluate import evaluate, reference_set, sentence_set, short_reference_set
 from study.provenance import provenance
 from study.rundir import RunDir
 from study.model.load import load_pretrained
@@ -88,7 +88,8 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     ref, sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
     model = load_pretrained(rd.model_dir, cfg.impl.attention, quiet).to(rt.device)
     with torch.random.fork_rng(devices=[]):  # scoring draws nothing, but leave the caller's RNG alone
-        now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head)
+        now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head,
+                       short_reference_set(cfg, prepared))
     dev, bad = _compare(stored, now, len(sent) if sent is not None else 0)
     meta = rd.meta()
     out = Rescored(run_hash, added=[k for k in now if k not in stored], deviation=dev, mismatch=bad,

@@ -72,7 +72,7 @@ from study.paths import Layout
 from study.pretrain.checkpoint import (CKPT_FORMAT, CheckpointClock, TrainState,
                                        load_latest_checkpoint, remove_checkpoints, rng_states, set_rng_state,
                                        write_checkpoint)
-from study.pretrain.evaluate import evaluate, matmul_peak_flops, reference_set, sentence_set
+from study.pretrain.evaluate import evaluate, matmul_peak_flops, reference_set, sentence_set, short_reference_set
 from study.pretrain.schedule import Schedule, budget_progress
 from study.pretrain.step import (LossModule, StepResult, build_training_model, finite, make_optimizer, pad_parts,
                                  pretrain_step, read_steps)
@@ -243,6 +243,7 @@ class Trainer:
                                          device=device if device.type == "cuda" else None)
             self.short_batches.make(0, 0)
         self.ref, self.sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
+        self.short_ref = short_reference_set(cfg, prepared)
         self.prepared, self.vocab = prepared, vocab
         if dist.main:
             rd.path.mkdir(parents=True, exist_ok=True)
@@ -347,7 +348,7 @@ class Trainer:
         self._sync()
         st = self.state
         res = evaluate(self.model, self.ref, self.sent, self.device, self.rt.autocast,
-                       self.cfg.impl.sparse_head) if self.dist.main else None
+                       self.cfg.impl.sparse_head, self.short_ref) if self.dist.main else None
         res = broadcast(res, self.dist)
         st.last_eval = {**res, "step": st.step}
         self._log({"step": st.step, "tokens": st.tokens, "eval": res})

@@ -122,7 +122,8 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                      # per run only (no comparisons, so no Holm family grows): the kept and the randomly
                      # replaced asked positions, which BERT Table 8's splits train differently
                      "ref_keep_acc": metrics.get("ref_keep_acc"), "ref_rnd_acc": metrics.get("ref_rnd_acc"),
-                     "ref_rnd_mode_acc": metrics.get("ref_rnd_mode_acc"), "learned": learned(metrics)})
+                     "ref_rnd_mode_acc": metrics.get("ref_rnd_mode_acc"), "ref_spread": metrics.get("ref_spread"),
+                     "learned": learned(metrics)})
         if status == "done":
             for m in (*PRETRAIN_METRICS, *COST_METRICS):
                 if isinstance(metrics.get(m), (int, float)) and not isinstance(metrics.get(m), bool):

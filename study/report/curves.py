@@ -2,7 +2,8 @@
 
 Four panels: reference MLM accuracy and loss, each against tokens seen and against training seconds.
 The accuracy panels draw each curve's most-frequent-token floor (`ref_mode_acc`) as a dashed line in
-the curve's colour: a model under that line has learned no more than word frequencies. Several curves
+the curve's colour: a model under that line has learned no more than word frequencies. Dotted: the same
+accuracy on the positions that show [MASK]; dash-dot: that on the warmup's short rows, for runs with one. Several curves
 (e.g. a recipe before and after a change, trained side by side) share the axes.
 Same look as the report's figures (study/report/figures.py); no torch import.
 """
@@ -22,7 +23,7 @@ from study.io import atomic_write_bytes  # noqa: E402
 
 def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt.Figure:
     """curves: label -> rows of a curve CSV (step, tokens, train_s, ref_mlm_acc, ref_mode_acc, ref_mlm_loss,
-    and where present ref_mask_acc, drawn dotted)."""
+    and where present ref_mask_acc, drawn dotted, and short_mask_acc, dash-dot)."""
     sns.set_theme(style="whitegrid", context="notebook", font_scale=0.8)
     fig, axes = plt.subplots(2, 2, figsize=(9.0, 6.4), squeeze=False)
     colours = dict(zip(curves, sns.color_palette(n_colors=max(len(curves), 1))))
@@ -43,6 +44,10 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
             if at_mask:   # dotted, same colour: the positions that show [MASK] only (no copying)
                 acc_ax.plot([r[x] for r in at_mask], [100 * r["ref_mask_acc"] for r in at_mask], linestyle=":",
                             color=colours[label], label=f"{label}, at [MASK] only")
+            short = [r for r in pts if r.get("short_mask_acc") is not None]
+            if short:     # dash-dot: the same on rows of the warmup's short length (evaluate.short_reference_set)
+                acc_ax.plot([r[x] for r in short], [100 * r["short_mask_acc"] for r in short], linestyle="-.",
+                            color=colours[label], label=f"{label}, at [MASK] on short rows")
             loss_ax.plot([r[x] for r in pts], [r["ref_mlm_loss"] for r in pts], marker=".", color=colours[label])
         for floor, owners in floors.items():
             shared = len(floors) == 1
