@@ -6,7 +6,7 @@
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
-eval every EVERY steps (replacement_warmup: every 100, to see the warmup's 900 steps of short rows), two processes
+eval every EVERY steps (replacement_warmup and _short8: every 100, to see the warmup's 900 steps of short rows), two processes
 with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
 one PNG per group, and prints the table docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
@@ -26,7 +26,7 @@ from study.studies.spec import load_study, set_dotted
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 EVERY = 250
-EVERY_IN = {"replacement_warmup": 100}
+EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100}
 SPEC = REPO / "ablations" / "replacement.yaml"
 # figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN
 SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
@@ -48,11 +48,16 @@ GROUPS = {
     # the cpu recipe again, with the short-row reference (short_mask_acc): does the 16-token warmup teach context?
     "replacement_warmup": [("MASK80/SAME10/RND10", 0, {}), ("MASK80/SAME20/RND0", 0, {}), ("MASK80/SAME0/RND20", 1, {}),
                            ("MASK0/SAME0/RND100", 0, {}), ("MASK100/SAME0/RND0", 1, {}), ("MASK100/SAME0/RND0", 2, {})],
+    # the warmup's rows at 8 tokens instead of 16 (the same 30% of the steps, the same token slots per step)
+    "replacement_short8": [(label, seed, {"train.short_len": 8}) for label, seed in
+                           (("MASK80/SAME10/RND10", 0), ("MASK80/SAME0/RND20", 1), ("MASK100/SAME0/RND0", 2),
+                            ("MASK0/SAME0/RND100", 0))],
 }
 TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
           "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed",
           "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)",
-          "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows"}
+          "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows",
+          "replacement_short8": "replacement splits (MASK/SAME/RND), warmup on 8-token rows: dash-dot, [MASK] on them"}
 
 
 @cache
@@ -72,7 +77,7 @@ def config(label: str, seed: int, change: dict):
 
 
 def name(label: str, seed: int, change: dict) -> str:
-    what = ", ".join(f"{k.split('.')[1]} {v:g}" if isinstance(v, float) else f"{v}" for k, v in change.items())
+    what = ", ".join(f"{k.split('.')[1]} {v:g}" if isinstance(v, (int, float)) else f"{v}" for k, v in change.items())
     return f"{label.replace('MASK', '').replace('SAME', '').replace('RND', '')} s{seed}: {what or 'cpu recipe'}"
 
 
@@ -91,7 +96,7 @@ def main() -> None:
     ap.add_argument("--plan", action="store_true", help="print the run hashes and stop")
     ap.add_argument("--group", action="append", choices=sorted(GROUPS), help="only these groups (repeatable)")
     args = ap.parse_args()
-    groups = {g: m for g, m in GROUPS.items() if not args.group or g in args.group}
+    groups = {g: GROUPS[g] for g in args.group} if args.group else GROUPS   # in the order asked
     runs = [(group, run) for group, members in groups.items() for run in members]
     if args.plan:
         for group, run in runs:
@@ -111,7 +116,7 @@ def main() -> None:
               f"{100 * keep:.1f}% | {100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
     warm = [(label, rows) for (group, _), (label, rows, _, _) in zip(runs, done) if rows[0].get("short_mask_acc") is not None]
     if warm:   # the runs evaluated on short rows too: what the warmup taught, and the encoder's spread
-        print("\n| split, seed | on 16-token rows: [MASK] at step 300 / 600 / 900 | floor | spread at 300 / 900 "
+        print("\n| split, seed: recipe | on the short rows: [MASK] at step 300 / 600 / 900 | floor | spread at 300 / 900 "
               "| spread at the end (128 tokens) |")
         print("|---|---|---|---|---|")
         for label, rows in warm:
