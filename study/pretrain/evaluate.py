@@ -233,8 +233,8 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
         "ref_rnd_count": r["rnd_count"],
         # collapsed, or only on the plateau? 0 when the encoder sends one vector to the MLM head at every asked
         # position. Measured at the end of the replacement study's cpu runs: 0.002 for a run that predicts one
-        # token everywhere, 0.33-0.67 for SAME-0 runs near the floor, 0.65-0.88 for runs that left it; early in
-        # training the SAME-0 runs collapse toward 0 and most never recover (docs/RESULTS.md)
+        # token everywhere, 0.33-0.67 for SAME-0 runs near the floor, 0.65-0.88 for runs that left it. The SAME-0
+        # runs that stay on the floor fall from ~0.65 to ~0 within 100-300 steps (docs/RESULTS.md)
         "ref_spread": r["spread"],
         **on_short,
     }
