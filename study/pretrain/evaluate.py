@@ -136,11 +136,10 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
             out = pretraining_loss(model, **batch, sentence_label=s_lab, sparse=sparse, hidden=True)
         n = int(out.mlm_count)
         if n:
+            loss_sum += float(out.mlm_loss) * n  # mean over the batch's masked tokens -> sum
             h = out.mlm_hidden.double()
             h_sum = h.sum(0) if h_sum is None else h_sum + h.sum(0)
             h_sq += float(h.square().sum())
-        if n:
-            loss_sum += float(out.mlm_loss) * n  # mean over the batch's masked tokens -> sum
         correct += int(out.mlm_correct)
         count += n
         if es.mask_id is not None and n:
