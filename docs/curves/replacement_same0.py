@@ -52,12 +52,17 @@ GROUPS = {
     "replacement_short8": [(label, seed, {"train.short_len": 8}) for label, seed in
                            (("MASK80/SAME10/RND10", 0), ("MASK80/SAME0/RND20", 1), ("MASK100/SAME0/RND0", 2),
                             ("MASK0/SAME0/RND100", 0))],
+    # ... and on the other seeds of the two SAME-0 splits it took off the floor
+    "replacement_short8_seeds": [(label, seed, {"train.short_len": 8}) for label, seed in
+                                 (("MASK100/SAME0/RND0", 0), ("MASK100/SAME0/RND0", 1), ("MASK80/SAME0/RND20", 0),
+                                  ("MASK80/SAME0/RND20", 2))],
 }
 TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
           "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed",
           "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)",
           "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows",
-          "replacement_short8": "replacement splits (MASK/SAME/RND), warmup on 8-token rows: dash-dot, [MASK] on them"}
+          "replacement_short8": "replacement splits (MASK/SAME/RND), warmup on 8-token rows: dash-dot, [MASK] on them",
+          "replacement_short8_seeds": "replacement SAME-0 splits, other seeds, warmup on 8-token rows: dash-dot, [MASK] on them"}
 
 
 @cache
