@@ -6,7 +6,7 @@
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
-eval every EVERY steps (replacement_warmup and _short8: every 100, to see the warmup's 900 steps of short rows), two processes
+eval every EVERY steps (replacement_warmup, _short8 and _short8_seeds: every 100, to see the warmup's 900 steps of short rows), two processes
 with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
 one PNG per group, and prints the table docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
@@ -26,7 +26,7 @@ from study.studies.spec import load_study, set_dotted
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 EVERY = 250
-EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100}
+EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100, "replacement_short8_seeds": 100}
 SPEC = REPO / "ablations" / "replacement.yaml"
 # figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN
 SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
