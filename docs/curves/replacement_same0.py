@@ -6,8 +6,8 @@
 
 Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
-eval every EVERY steps (replacement_warmup, _short8 and _short8_seeds: every 100, to see the warmup's 900 steps of short rows), two processes
-with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
+eval every EVERY steps (the groups in EVERY_IN: every 100, to see the warmup's 900 steps of short rows), two
+processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
 one PNG per group, and prints the table docs/RESULTS.md quotes. Finished runs in --results are read back, not retrained.
 """
 from __future__ import annotations
@@ -62,7 +62,8 @@ TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile:
           "replacement_longer": "replacement SAME-0 splits, cpu recipe at 6,000 steps (twice the budget)",
           "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows",
           "replacement_short8": "replacement splits (MASK/SAME/RND), warmup on 8-token rows: dash-dot, [MASK] on them",
-          "replacement_short8_seeds": "replacement SAME-0 splits, other seeds, warmup on 8-token rows: dash-dot, [MASK] on them"}
+          "replacement_short8_seeds": "replacement SAME-0 splits, other seeds, warmup on 8-token rows: dash-dot, "
+                                      "[MASK] on them"}
 
 
 @cache
@@ -119,16 +120,18 @@ def main() -> None:
         hit = next((r for r in rows if r["ref_mask_acc"] >= 2 * r["ref_mask_mode_acc"]), None)
         print(f"| {label} | {run_hash} | {100 * last['ref_mlm_acc']:.1f}% | {100 * last['ref_mask_acc']:.1f}% | "
               f"{100 * keep:.1f}% | {100 * last['ref_mask_mode_acc']:.1f}% | {hit['step'] if hit else 'never'} |")
-    warm = [(label, rows) for (group, _), (label, rows, _, _) in zip(runs, done) if rows[0].get("short_mask_acc") is not None]
-    if warm:   # the runs evaluated on short rows too: what the warmup taught, and the encoder's spread
-        print("\n| split, seed: recipe | on the short rows: [MASK] at step 300 / 600 / 900 | floor | spread at 300 / 900 "
-              "| spread at the end (128 tokens) |")
+    # the groups evaluated every 100 steps (EVERY_IN): what the warmup taught on its own rows, and the spread
+    warm = [(label, rows) for (group, _), (label, rows, _, _) in zip(runs, done) if group in EVERY_IN]
+    if warm:
+        print("\n| split, seed: recipe | on the short rows: [MASK] at step 300 / 600 / 900 | floor "
+              "| spread at 300 / 900 | spread at the end (128 tokens) |")
         print("|---|---|---|---|---|")
         for label, rows in warm:
             at = {r["step"]: r for r in rows}
             acc = " / ".join(f"{100 * at[k]['short_mask_acc']:.1f}" for k in (300, 600, 900))
             spr = " / ".join(f"{at[k]['short_spread']:.2f}" for k in (300, 900))
-            print(f"| {label} | {acc} | {100 * rows[-1]['short_mask_mode_acc']:.1f}% | {spr} | {rows[-1]['ref_spread']:.2f} |")
+            floor = 100 * rows[-1]["short_mask_mode_acc"]
+            print(f"| {label} | {acc} | {floor:.1f}% | {spr} | {rows[-1]['ref_spread']:.2f} |")
     for group, by_label in curves.items():
         png = save_curve_png(by_label, args.out / f"{group}.png", title=TITLES[group])
         print(f"wrote {png}")

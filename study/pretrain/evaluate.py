@@ -231,7 +231,7 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
         "ref_rnd_mode_acc": mode_accuracy(ref, shown="rnd"),
         "ref_rnd_count": r["rnd_count"],
         # collapsed, or only on the plateau? 0 when the encoder sends one vector to the MLM head at every asked
-        # position. Measured at the end of the replacement study's cpu runs: 0.002 for a run that predicts one
+        # position. Measured at the end of 21 replacement runs at the cpu profile: 0.002 for a run that predicts one
         # token everywhere, 0.33-0.67 for SAME-0 runs near the floor, 0.65-0.88 for runs that left it. The SAME-0
         # runs that stay on the floor fall from ~0.65 to ~0 within 100-300 steps (docs/RESULTS.md)
         "ref_spread": r["spread"],

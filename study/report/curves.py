@@ -3,8 +3,8 @@
 Four panels: reference MLM accuracy and loss, each against tokens seen and against training seconds.
 The accuracy panels draw each curve's most-frequent-token floor (`ref_mode_acc`) as a dashed line in
 the curve's colour: a model under that line has learned no more than word frequencies. Dotted: the same
-accuracy on the positions that show [MASK]; dash-dot: that on the warmup's short rows, for runs with one. Several curves
-(e.g. a recipe before and after a change, trained side by side) share the axes.
+accuracy on the positions that show [MASK]; dash-dot: that on the warmup's short rows, for runs with one.
+Several curves (e.g. a recipe before and after a change, trained side by side) share the axes.
 Same look as the report's figures (study/report/figures.py); no torch import.
 """
 from __future__ import annotations
