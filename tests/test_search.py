@@ -500,6 +500,36 @@ def test_journal_lock_of_a_killed_worker_is_broken_inside_the_heartbeat_grace(tm
 
 # --------------------------------------------------------------------------- slower single-worker paths
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_worker_does_not_leave_a_dead_trial_running_once_enough_trials_finished(tmp_path, corpus, kind):
+    """n_trials have finished, but a trial whose worker died still shows RUNNING. A worker that left then
+    (as one did before) left it RUNNING for ever once the last worker was gone (CI of stop 31, journal
+    storage). It must stay until the heartbeat fails the trial, then run its retry, and only then leave."""
+    import optuna
+    from optuna.trial import TrialState
+    from study.search import run_search
+    from study.search.storage import open_storage
+    from study.studies.searchspec import SearchSpec
+    search = tiny_search(n_trials=1, sampler={"kind": "random", "seed": 0}, pruner={"kind": "none"},
+                         heartbeat_interval=1, grace_period=2, params={"masking.rate": [0.15, 0.3]})
+    spec = write_spec(tmp_path / "dead.yaml", corpus, search)
+    url = _storages(tmp_path, kind)
+    layout = Layout(root=tmp_path / "results")
+    first = run_search(spec, storage=url, layout=layout, quiet=True).get_trials()
+    assert [t.state for t in first] == [TrialState.COMPLETE]          # n_trials=1: enough have finished
+    rate = 0.3 if first[0].params["masking.rate"] == 0.15 else 0.15
+    store = open_storage(url, SearchSpec.model_validate(search), tmp_path)
+    ost = optuna.load_study(study_name=load_study(spec).name, storage=store)
+    ost.enqueue_trial({"masking.rate": rate})
+    dead = ost.ask()                                                 # a worker took it ...
+    store.record_heartbeat(dead._trial_id)                          # ... beat once, and died
+    trials = run_search(spec, storage=url, layout=layout, quiet=True).get_trials()
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)], _trial_table(trials)
+    assert trials[dead.number].state == TrialState.FAIL, _trial_table(trials)   # failed by heartbeat
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == {"masking.rate": rate}
+
+
 def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
     """One value per pre-training seed; a trial worse than the best on every seed so far is cut before
     its last seed (2 seeds worse: one-sided exact p = 0.25 < 0.5)."""
@@ -572,14 +602,24 @@ def _prepare(spec: Path, results: Path) -> None:
     prepare_data(load_study(spec).runs[0].config, Layout(root=results), progress=False)
 
 
-def _check_complete(trials, n_trials: int, workers: int) -> None:
+def _check_complete(trials, n_trials: int, workers: int, why: str = "") -> None:
     from optuna.trial import TrialState
     numbers = [t.number for t in trials]
-    assert sorted(numbers) == list(range(len(trials)))                       # each number exactly once
-    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]  # none lost
+    assert sorted(numbers) == list(range(len(trials))), why                  # each number exactly once
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)], why  # none lost
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     # racing workers may each start "the last" trial: at most workers - 1 extra
-    assert n_trials <= len(finished) <= n_trials + workers - 1
+    assert n_trials <= len(finished) <= n_trials + workers - 1, why
+
+
+def _trial_table(trials) -> str:
+    """One line per trial, for a failing test's report: what ran where, and which trial it retried."""
+    def when(d):
+        return d.strftime("%H:%M:%S.%f")[:-3] if d else "-"
+    return "\n".join(f"trial {t.number} {t.state.name} grid {t.system_attrs.get('grid_id')} "
+                     f"worker {t.user_attrs.get('worker')} start {when(t.datetime_start)} "
+                     f"end {when(t.datetime_complete)} retry_of {t.system_attrs.get('failed_trial')} "
+                     f"duplicate_of {t.user_attrs.get('duplicate_of')}" for t in trials)
 
 
 STORAGES = ["sqlite", "journal", pytest.param("postgres", marks=needs_pg)]
@@ -624,16 +664,17 @@ def test_three_workers_share_a_study_and_survive_a_killed_worker(tmp_path, corpu
     for p in procs:
         assert p.wait(timeout=600) == 0, _logs(tmp_path)
     trials = load_trials(url, name)
-    _check_complete(trials, 6, 3)
+    why = f"killed trial {victim.number} (worker {pid})\n{_trial_table(trials)}\n{_logs(tmp_path)}"
+    _check_complete(trials, 6, 3, why)
     workers = {t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials if "worker" in t.user_attrs}
     assert len(workers) >= 3, workers                      # trials really came from several processes
     assert sorted(t.params["masking.rate"] for t in trials if t.state.is_finished()
-                  and t.state != TrialState.FAIL) == rates  # each grid point finished exactly once
+                  and t.state != TrialState.FAIL) == rates, why  # each grid point finished exactly once
     dead = trials[victim.number]
-    assert dead.state == TrialState.FAIL                                   # failed by heartbeat
+    assert dead.state == TrialState.FAIL, why                              # failed by heartbeat
     retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number
                and "duplicate_of" not in t.user_attrs]      # (SQLite may re-queue it twice; one stands aside)
-    assert len(retries) == 1 and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert len(retries) == 1 and retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED), why
     assert retries[0].params == dead.params and retries[0].user_attrs["run_hash"] == victim.user_attrs["run_hash"]
     # it resumed the dead trial's checkpoint instead of starting over, and counts only what it trained
     starts = _starts(results / "runs" / victim.user_attrs["run_hash"])

@@ -45,7 +45,8 @@ def add_parser(sub) -> None:
     s.add_argument("spec", help="a spec with a `search:` block")
     s.add_argument("--profile", help="a profile defined in the spec")
     s.add_argument("--storage", help=f"optuna storage URL (default: SQLite under results/search/<name>/): {STORAGE_HELP}")
-    s.add_argument("--n-trials", type=int, help="finished trials the study stops at (default: search.n_trials)")
+    s.add_argument("--n-trials", type=int,
+                   help="finished trials the study stops at, once no trial still runs (default: search.n_trials)")
     s.add_argument("--timeout", type=float, help="seconds this worker runs at most (default: search.timeout)")
     s.add_argument("--quiet", action="store_true", help="no progress bars or per-trial log")
     s.set_defaults(fn=cmd_search)

@@ -54,8 +54,9 @@ def create_or_load(storage, study: Study, search: SearchSpec, base: RunConfig):
 def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | None = None,
                timeout: float | None = None, layout: Layout = Layout(), profile: str | None = None,
                quiet: bool = False, train_fn: Callable | None = None, finetune_fn: Callable | None = None):
-    """One worker: run trials until the study has `n_trials` finished (complete or pruned) trials,
-    the grid is exhausted, or this worker's `timeout` passes. Returns the optuna study.
+    """One worker: run trials until the study has `n_trials` finished (complete or pruned) trials and
+    none running or queued, the grid is exhausted, or this worker's `timeout` passes. Returns the
+    optuna study.
 
     A worker does not leave while other trials are still running: if one of them belongs to a dead
     worker, it is this worker that notices (heartbeat) and runs the retry.
@@ -88,8 +89,12 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
             finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
             bar.n = min(finished, n_trials or finished)
             bar.refresh()
-            if n_trials is not None and finished >= n_trials and not counts[TrialState.WAITING]:
-                break  # a re-queued trial of a dead worker still runs: a retry is never left behind
+            if n_trials is not None and finished >= n_trials and not counts[TrialState.WAITING] and \
+                    not counts[TrialState.RUNNING]:
+                # Not while a trial still runs, even with enough finished: its worker may be dead, and once
+                # the last worker has left nobody fails it by heartbeat (it stayed RUNNING for ever: seen in
+                # CI, journal storage). The waits below run until it ends or its retry comes as WAITING.
+                break
             if search.sampler.kind == "grid" and not counts[TrialState.WAITING] and \
                     not grid_open_points(ostudy, trials):
                 if not counts[TrialState.RUNNING]:
