@@ -4,7 +4,8 @@
     nice .venv/bin/python docs/curves/replacement_same0.py --plan      # the run hashes only, nothing trained
     nice .venv/bin/python docs/curves/replacement_same0.py --group replacement_warmup   # one group only
 
-Runs of ablations/replacement.yaml at `--profile cpu`, some with one recipe setting changed (the same change
+Runs of ablations/replacement.yaml at `--profile cpu` with base/bert.yaml's 16-token warmup rows (BASE; the
+study itself has taken 8-token rows since), some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
 eval every EVERY steps (the groups in EVERY_IN: every 100, to see the warmup's 900 steps of short rows), two
 processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
@@ -28,7 +29,9 @@ REPO = HERE.parents[1]
 EVERY = 250
 EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100, "replacement_short8_seeds": 100}
 SPEC = REPO / "ablations" / "replacement.yaml"
-# figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN
+# figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN and,
+# for these groups, base/bert.yaml's 16-token warmup rows (BASE): the study's own cpu profile has 8 since
+BASE = {"train.short_len": 16}
 SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
 GROUPS = {
     "replacement_same0": [
@@ -75,7 +78,7 @@ def study():
 def config(label: str, seed: int, change: dict):
     run = next(r for r in study().runs if r.label == label and r.seed == seed)
     data = run.config.model_dump()
-    for key, value in change.items():
+    for key, value in {**BASE, **change}.items():
         set_dotted(data, key, value, source=__file__)  # the spec's own rule for a dotted key
     cfg = type(run.config).model_validate(data)   # validated again, like a spec's `set`
     cfg.impl.threads, cfg.impl.progress = 1, False  # speed-only: the run hash is unchanged
