@@ -530,6 +530,7 @@ def test_a_worker_does_not_leave_a_dead_trial_running_once_enough_trials_finishe
     assert retry.state == TrialState.COMPLETE and retry.params == {"masking.rate": rate}
 
 
+@pytest.mark.slow
 def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
     """One value per pre-training seed; a trial worse than the best on every seed so far is cut before
     its last seed (2 seeds worse: one-sided exact p = 0.25 < 0.5)."""
