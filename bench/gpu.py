@@ -190,7 +190,8 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     batched = timed(lambda b: sb.step(b, collate_seeds(rows, idx(b), rt.device),
                                       torch.stack([labels[torch.from_numpy(i)] for i in idx(b)]).to(rt.device), False))
     del sb
-    model = Classifier(bert, 2, cfg.model.dropout, cfg.model.init_range, torch.Generator().manual_seed(0)).to(rt.device)
+    model = Classifier(bert, 2, cfg.model.dropout, cfg.model.init_range, torch.Generator().manual_seed(0),
+                       ft.pooling).to(rt.device)
     model.train()
     opt = finetune_optimizer(model, ft)
     seq = timed(lambda b: finetune_step(model, opt, collate(rows, per_seed[0][b], rt.device),

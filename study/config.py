@@ -261,12 +261,17 @@ class FinetuneConfig(Strict):
     max_train_examples: int | None = Field(default=2000, ge=1)
     max_eval_examples: int | None = Field(default=None, ge=1)
     probe: bool = True          # feature-based probe on the frozen encoder too
-    probe_layers: int = Field(default=1, ge=1)  # concatenate the last k layers' [CLS]
+    probe_layers: int = Field(default=1, ge=1)  # concatenate the last k layers' [CLS] (or means: pooling)
     baseline: bool = True       # random-init model, same recipe
     # Length-grouped batches (HF's group_by_length): each run of k batches of an epoch's shuffle sorted by row
     # length, longest first, so a batch pads less. The same rows per epoch, other batches: semantic, hence
     # hashed; 0 (off, random batches) is left out of the dump so existing recipes keep their finetune_hash.
     length_groups: int = Field(default=0, ge=0, exclude_if=lambda v: v == 0)
+    # What the classifier (and the probe) reads: "cls", the pooled [CLS] (BERT's pooler, tanh(W h_[CLS])), or
+    # "mean", the mean of the last layer over the row's tokens (padding excluded). Semantic, hence hashed;
+    # "cls" is left out of the dump so existing recipes keep their finetune_hash. docs/RESULTS.md
+    # "Fine-tuning: [CLS] against mean pooling" for why the cpu recipe reads the mean.
+    pooling: Literal["cls", "mean"] = Field(default="cls", exclude_if=lambda v: v == "cls")
 
 
 class ImplConfig(Strict):

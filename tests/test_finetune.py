@@ -16,10 +16,11 @@ import torch
 from study.downstream import finetune as ft_mod
 from study.config import RunConfig
 from study.errors import StudyError
-from study.downstream.finetune import finetune_baseline, finetune_run, result_path
+from study.downstream.finetune import Classifier, Encoded, collate, finetune_baseline, finetune_run, result_path
 from study.model.bert import build_model
 from study.paths import Layout
 from study.data.tokenizer import train_tokenizer
+from study.runtime import resolve
 
 POS = ["good", "great", "lovely", "superb", "fine", "wonderful"]
 NEG = ["bad", "awful", "poor", "dull", "terrible", "boring"]
@@ -240,6 +241,44 @@ def test_baseline_key_depends_on_architecture_vocab_and_seed_only(done):
     assert with_(model__hidden=64).baseline_key() != k
     assert with_(tokenizer__vocab_size=256).baseline_key() != k
     assert with_(seed=1).baseline_key() != k
+
+
+def test_pooling_identity():
+    """finetune.pooling is semantic: "mean" is another fine-tuning recipe (hash), the same pre-training run;
+    the default "cls" stays out of the dump, so every existing recipe keeps its finetune_hash."""
+    base = RunConfig()
+    assert "pooling" not in base.finetune.model_dump()
+    mean = RunConfig.model_validate({"finetune": {"pooling": "mean"}})
+    assert mean.finetune_hash() != base.finetune_hash()
+    assert mean.run_hash() == base.run_hash() and mean.baseline_key() == base.baseline_key()
+    assert RunConfig.model_validate(json.loads(mean.model_dump_json())).finetune.pooling == "mean"
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_row_scores_the_same_whatever_its_batch_pads_to(pooling):
+    """Padding never enters what the head reads: a row's logits (and probe features) are the same alone and
+    padded inside a batch with a longer row. A mean over the padded width would fail this."""
+    torch.manual_seed(0)
+    cfg = RunConfig.model_validate({"model": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64},
+                                    "impl": {"device": "cpu"}})
+    bert = build_model(cfg.model, 100, sentence_head=False, impl=cfg.impl, seed=0).bert.eval()
+    clf = Classifier(bert, 2, 0.0, 0.02, torch.Generator().manual_seed(0), pooling).eval()
+    rows = Encoded([np.array([2, 17, 40, 9, 3], np.int32), np.arange(5, 45, dtype=np.int32)],
+                   [np.zeros(5, np.int8), np.zeros(40, np.int8)], np.zeros(2, np.int64))
+    dev = torch.device("cpu")
+    with torch.no_grad():
+        alone = clf(**collate(rows, np.array([0]), dev))
+        padded = clf(**collate(rows, np.array([0, 1]), dev))[:1]
+    torch.testing.assert_close(padded, alone, rtol=1e-5, atol=1e-6)
+    rt = resolve(cfg.impl)
+    def feats(idx):
+        part = Encoded([rows.ids[i] for i in idx], [rows.types[i] for i in idx], rows.labels[idx])
+        return ft_mod._features(bert, part, 1, rt, "", True, pooling)
+    np.testing.assert_allclose(feats([0, 1])[0], feats([0])[0], rtol=1e-5, atol=1e-6)
+    if pooling == "mean":   # and it is the mean: of the last layer over the row's own tokens
+        with torch.no_grad():
+            h = bert(**collate(rows, np.array([0]), dev)).last_hidden_state[0]
+        np.testing.assert_allclose(feats([0])[0], h.mean(0).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_tokenizer_vocab_mismatch_is_a_user_error(tmp_path):

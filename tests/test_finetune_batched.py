@@ -97,14 +97,19 @@ def batched_vs_sequential(tmp_path, monkeypatch, cfg, rtol: float, atol: float, 
     return out[True]
 
 
-@pytest.mark.parametrize("groups,tasks,arch", [(0, ["SST-2", "STS-B"], "post_ln"), (4, ["SST-2"], "post_ln"),
-                                               (0, ["SST-2"], "pre_ln")])
-def test_batched_seeds_equal_sequential_without_dropout(tmp_path, monkeypatch, groups, tasks, arch):
+@pytest.mark.parametrize("groups,tasks,arch,pooling", [(0, ["SST-2", "STS-B"], "post_ln", "cls"),
+                                                       (4, ["SST-2"], "post_ln", "cls"),
+                                                       (0, ["SST-2"], "pre_ln", "cls"),
+                                                       (0, ["SST-2", "STS-B"], "post_ln", "mean")])
+def test_batched_seeds_equal_sequential_without_dropout(tmp_path, monkeypatch, groups, tasks, arch, pooling):
     if arch != "post_ln" and "arch" not in ModelConfig.model_fields:
         pytest.skip("no model.arch in this tree")
     torch.set_num_threads(1)
     glue = make_glue(tmp_path / "glue")
-    cfg = with_(make_cfg(glue, tasks=tasks, seeds=[0, 1, 2], epochs=4, probe=False, length_groups=groups),
+    # mean pooling: the batched step pads the K batches to one width, so this also checks that padding
+    # never enters the mean
+    cfg = with_(make_cfg(glue, tasks=tasks, seeds=[0, 1, 2], epochs=4, probe=False, length_groups=groups,
+                         pooling=pooling),
                 model={"dropout": 0.0, "attention_dropout": 0.0, **({"arch": arch} if arch != "post_ln" else {})})
     out = batched_vs_sequential(tmp_path, monkeypatch, cfg, rtol=1e-4, atol=1e-6)
     # the batched fine-tune learns too (one word carries the label; sorted batches learn it more slowly)

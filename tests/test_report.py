@@ -315,7 +315,8 @@ def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
 
 def test_methods_state_the_pretraining_recipe(rendered, tmp_path):
     """What was pre-trained is stated under the methods: shared settings once, a factor's levels all listed,
-    the short-row phase and the masking split; an aggregate from before plans carried it renders without it."""
+    the short-row phase and the masking split, then the fine-tuning head and budget; an aggregate from before
+    plans carried it renders without it."""
     _, html, _ = rendered("depth")
     recipe = re.search(r'id="recipe">([^<]+)<', html).group(1)
     d = RunConfig()
@@ -330,6 +331,7 @@ defaults:
   model: {arch: pre_ln}
   objective: {max_seq_len: 64}
   train: {amount: 300, short_len: 16, short_fraction: 0.25}
+  finetune: {pooling: mean, epochs: 3, max_train_examples: 2000}
 runs:
   - {label: a, set: {masking.mask: 0.8, masking.random: 0.1, masking.keep: 0.1}}
   - {label: b, set: {masking.mask: 1.0, masking.random: 0.0, masking.keep: 0.0}}
@@ -338,6 +340,8 @@ runs:
     assert "a pre-LN encoder of" in text and "rows of 64 tokens" in text
     assert "[MASK]/random/unchanged 80/10/10, 100/0/0;" in text
     assert "300 steps of 32 rows, the first 25% of them on 16-token rows" in text
+    assert "Fine-tuning (and the probe) reads the mean of the last layer over the row's tokens" in text
+    assert "for 3 epochs of 2,000 training rows per task." in text
     assert not (tmp_path / "results").exists()
 
 

@@ -119,6 +119,7 @@ BAD = {
     "run_bad_key": ("name: t\nruns:\n  - {label: x, set: {model.depth: 3}}\n", "model.depth"),
     "finetune_seeds": ("name: t\ndefaults:\n  finetune: {seeds: []}\n", "finetune.seeds"),
     "unknown_task": ("name: t\ndefaults:\n  finetune: {tasks: [SST2]}\n", "finetune.tasks"),
+    "pooling": ("name: t\ndefaults:\n  finetune: {pooling: max}\n", "finetune.pooling"),
     "unknown_reference": ("name: t\nreport: {references: [bert_table9]}\n", "report.references"),
     "duplicate_factor": ("name: t\nfactors:\n  masking.rate: [0.1]\n  masking.rate: [0.2]\n", "duplicate key"),
     "search_unknown_key": ("name: t\nsearch: {params: {masking.rat: {low: 0.1, high: 0.2}}}\n", "masking.rat"),

@@ -197,7 +197,7 @@ class SeedBatch:
                 torch.manual_seed(seed)
                 # the encoder is shared, not copied: stack_module_state copies its tensors K times
                 models.append(Classifier(bert, num_labels, cfg.model.dropout, cfg.model.init_range,
-                                         torch.Generator().manual_seed(seed)))
+                                         torch.Generator().manual_seed(seed), ft.pooling))
         params, _ = stack_module_state(models)
         self.params = {n: p.detach().to(rt.device).requires_grad_() for n, p in params.items()}
         self.buffers = {n: b.to(rt.device) for n, b in models[0].named_buffers()}   # the same for every seed
@@ -217,10 +217,11 @@ class SeedBatch:
         self._checked = False   # the first training forward runs under _NoStrayDropout (the same code every step)
 
     # ---- forward
-    def _forward(self, params, seed_ix, ids, types, mask):
+    def _forward(self, params, seed_ix, ids, types, mask, pool):
         _DRAWS.index = seed_ix
         return functional_call(self.base, (params, self.buffers), (),
-                               {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})
+                               {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+                                "pool_mask": pool})
 
     def forward(self, batch: dict[str, torch.Tensor], train: bool) -> torch.Tensor:
         """Logits [K, batch, labels]; `batch` tensors are [K, batch, width] (train) or [batch, width]
@@ -228,10 +229,11 @@ class SeedBatch:
         self.base.train(train)
         dims = 0 if train else None
         mask = _mask_4d(batch["attention_mask"], self.kernel)
-        fn = vmap(self._forward, in_dims=(0, 0, dims, dims, dims), randomness="same")
+        fn = vmap(self._forward, in_dims=(0, 0, dims, dims, dims, dims), randomness="same")
         check = train and self.dropout and not self._checked
         with self.rt.autocast(), _NoStrayDropout() if check else contextlib.nullcontext():
-            logits = fn(self.params, self._seed_ix, batch["input_ids"], batch["token_type_ids"], mask).float()
+            logits = fn(self.params, self._seed_ix, batch["input_ids"], batch["token_type_ids"], mask,
+                        batch["attention_mask"]).float()
         self._checked = self._checked or check
         return logits
 

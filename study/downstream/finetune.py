@@ -4,8 +4,9 @@ One recipe for every task (cfg.finetune: epochs, lr, batch, warmup, weight decay
 caps), as cramming does, so that differences between runs come from pre-training, not from per-task tuning.
 
 - finetune: the pre-trained encoder + a linear head on the pooled [CLS] (BERT's pooler, exactly as
-  `BertForSequenceClassification`), all weights trained with AdamW, linear warmup then linear decay.
-- probe: the frozen encoder's [CLS] vectors from the last `probe_layers` layers, concatenated, and a
+  `BertForSequenceClassification`) or, with finetune.pooling "mean", on the mean of the last layer over the
+  row's tokens; all weights trained with AdamW, linear warmup then linear decay.
+- probe: the frozen encoder's [CLS] vectors (or token means) from the last `probe_layers` layers, concatenated, and a
   scikit-learn logistic (classification) or ridge (regression) head: BERT Table 8's feature-based
   column. The encoder is frozen and in eval mode, so the probe is deterministic given the encoder; it
   is fitted once per task and the same result is written for every seed (aggregation averages
@@ -227,21 +228,41 @@ def lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
 
 # --------------------------------------------------------------------------- fine-tuning
 class Classifier(torch.nn.Module):
-    """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS]))."""
+    """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS])), or, with
+    pooling "mean", on the mean of the last layer over the row's real tokens (the pooler is then unused)."""
 
     def __init__(self, bert: torch.nn.Module, num_labels: int, dropout: float, init_range: float,
-                 generator: torch.Generator):
+                 generator: torch.Generator, pooling: str = "cls"):
         super().__init__()
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling {pooling!r}: 'cls' or 'mean'")
         self.bert = bert
+        self.pooling = pooling
         self.dropout = torch.nn.Dropout(dropout)
         self.head = torch.nn.Linear(bert.config.hidden_size, num_labels)
         with torch.no_grad():
             self.head.weight.normal_(0.0, init_range, generator=generator)
             self.head.bias.zero_()
 
-    def forward(self, **batch) -> torch.Tensor:
-        pooled = self.bert(**batch).pooler_output
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`pool_mask` [batch, width] 0/1: the rows' real tokens, when `attention_mask` is already the
+        prepared 4-d mask (batched seeds); otherwise the 2-d attention_mask is used."""
+        out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        if self.pooling == "cls":
+            pooled = out.pooler_output
+        else:
+            pooled = mean_pool(out.last_hidden_state, attention_mask if pool_mask is None else pool_mask)
         return self.head(self.dropout(pooled)).float()
+
+
+def mean_pool(h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of h [batch, width, hidden] over the positions where mask [batch, width] is 1 (all without a
+    mask), in fp32: padding never enters, so a row's vector does not depend on how wide its batch is."""
+    if mask is None:
+        return h.float().mean(1)
+    m = mask.to(torch.float32).unsqueeze(-1)
+    return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
 def task_loss(regression: bool, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -298,7 +319,7 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
         torch.manual_seed(seed)  # dropout masks only; the caller's RNG state is restored on exit
         gen = torch.Generator().manual_seed(seed)
         model = Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
-                           gen).to(device)
+                           gen, ft.pooling).to(device)
         opt = finetune_optimizer(model, ft)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup))
         labels = torch.from_numpy(train.labels)
@@ -328,14 +349,19 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
 
 
 # --------------------------------------------------------------------------- probe
-def _features(bert: torch.nn.Module, e: Encoded, layers: int, rt: Runtime, desc: str, quiet: bool) -> np.ndarray:
-    """[CLS] of the last `layers` layers, concatenated: [n, layers * hidden]."""
+def _features(bert: torch.nn.Module, e: Encoded, layers: int, rt: Runtime, desc: str, quiet: bool,
+              pooling: str = "cls") -> np.ndarray:
+    """The last `layers` layers' [CLS] vectors (pooling "cls") or token means ("mean", padding excluded),
+    concatenated: [n, layers * hidden]."""
     bert = bert.to(rt.device).eval()
     feats = np.zeros((len(e), layers * bert.config.hidden_size), dtype=np.float32)
     with torch.no_grad(), rt.autocast():
         for idx in tqdm(eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
-            hs = bert(**collate(e, idx, rt.device), output_hidden_states=True).hidden_states
-            feats[idx] = torch.cat([h[:, 0] for h in hs[-layers:]], dim=-1).float().cpu().numpy()
+            batch = collate(e, idx, rt.device)
+            hs = bert(**batch, output_hidden_states=True).hidden_states
+            vecs = [h[:, 0].float() if pooling == "cls" else mean_pool(h, batch["attention_mask"])
+                    for h in hs[-layers:]]
+            feats[idx] = torch.cat(vecs, dim=-1).cpu().numpy()
     return feats
 
 
@@ -348,8 +374,9 @@ def _probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded
 
     t0 = time.time()
     k = cfg.finetune.probe_layers
-    x_train = _features(bert, train, k, rt, f"{spec.name} probe features (train)", quiet)
-    x_dev = _features(bert, dev, k, rt, f"{spec.name} probe features (dev)", quiet)
+    pool = cfg.finetune.pooling
+    x_train = _features(bert, train, k, rt, f"{spec.name} probe features (train)", quiet, pool)
+    x_dev = _features(bert, dev, k, rt, f"{spec.name} probe features (dev)", quiet, pool)
     if spec.is_regression:
         clf = make_pipeline(StandardScaler(), Ridge(alpha=PROBE_ALPHA))
         clf.fit(x_train, train.labels)

@@ -130,9 +130,9 @@ def methods_sentence(sf: StudyFiles) -> str:
 
 
 def recipe_sentence(plan: dict) -> str:
-    """What was pre-trained, in one sentence, from the plan's recipe (study.studies.spec.recipe_values). A
-    setting that differs between runs lists every value ("2 / 4 / 6 layers"). Empty for an aggregate
-    written before plans carried the recipe."""
+    """What was pre-trained (one sentence) and how it was fine-tuned (another), from the plan's recipe
+    (study.studies.spec.recipe_values). A setting that differs between runs lists every value ("2 / 4 / 6
+    layers"). Empty for an aggregate written before plans carried the recipe."""
     r = plan.get("recipe")
     if not r:
         return ""
@@ -156,6 +156,11 @@ def recipe_sentence(plan: dict) -> str:
                  f"(as many tokens per step)")
     text += (f"; AdamW at peak lr {v('train.lr')}, warmup {v('train.warmup', pct)} of the budget, "
              f"{v('train.schedule')} schedule.")
+    if r.get("finetune.pooling"):   # plans written before the fine-tuning keys were recorded have none
+        pool = {"cls": "the pooled [CLS] (BERT's)", "mean": "the mean of the last layer over the row's tokens"}
+        rows = v("finetune.max_train_examples", lambda x: "all" if x is None else f"{x:,}")
+        text += (f" Fine-tuning (and the probe) reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
+                 f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task.")
     return text + (" Where runs differ, every value is listed." if any(len(x) > 1 for x in r.values()) else "")
 
 

@@ -197,7 +197,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
             _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
             return _STEP_TIMES[key]
         model = Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
-                           cfg.model.init_range, g).to(rt.device)
+                           cfg.model.init_range, g, ft.pooling).to(rt.device)
         model.train()
         opt = finetune_optimizer(model, ft)
         times = []
