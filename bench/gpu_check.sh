@@ -10,8 +10,11 @@
 #   speed  bench/gpu.py (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu.json),
 #          `study plan ablations/nsp.yaml --profile gpu` (-> log.txt), then bench/gpu.py again with ours
 #          at impl.compile + pad_to max (-> gpu_compiled/gpu.json)
-#   all    tests, learn, speed
-# Usage: bash bench/gpu_check.sh [tests|learn|speed|all ...]
+#   pooling  learn's two runs fine-tuned on SST-2 again with the head on the mean of the last layer
+#          (bench/gpu_learn_mean.yaml; the cpu recipe's choice), beside learn's [CLS] scores (-> pooling.tgz).
+#          Needs learn's checkpoints: run it on the machine that ran learn, before it is given back
+#   all    tests, learn, pooling, speed
+# Usage: bash bench/gpu_check.sh [tests|learn|pooling|speed|all ...]
 #
 # Staging, on a machine that has ../shared/data (the GPU machine prepares nothing: sentence splitting is
 # CPU-bound, minutes there): `bash bench/gpu_check.sh --stage` copies the text the check reads into
@@ -41,7 +44,7 @@ mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 STUDY_GPU_REPORT=$OUT/cuda_tests.jsonl
 [ -d .gpudata ] || { [ -f .gpucarry/data.tgz ] && tar xzf .gpucarry/data.tgz; } || { echo "no .gpudata: stage first"; exit 1; }
 for p in ${*:-all}; do
-  case $p in tests|learn|speed|all) ;; *) echo "unknown part '$p': tests, learn, speed or all" >&2; exit 2 ;; esac
+  case $p in tests|learn|pooling|speed|all) ;; *) echo "unknown part '$p': tests, learn, pooling, speed or all" >&2; exit 2 ;; esac
 done
 # the pinned packages, where the image's own differ (installed into /tmp/site, never into the system)
 pinned() { python3 -c 'import sys, transformers, pydantic, pysbd; sys.exit(transformers.__version__ != "5.24.0")' 2>/dev/null; }
@@ -95,6 +98,15 @@ for f in sorted(glob.glob(".gpudata/results/runs/*/metrics.json")):
 EOF
 }
 
+pooling() {
+  step "pooling: SST-2 fine-tuning of learn's runs and random init again, the head on the mean"
+  timeout "${T_FT2:-120}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn_mean.yaml \
+    --quiet 2>&1 | tail -n 20 | log
+  timeout 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
+  timeout 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
+  tar czf "$OUT/pooling.tgz" $R/finetune $R/studies .gpudata/reports 2>/dev/null
+}
+
 speed() {
   step "bench/gpu.py"
   timeout "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu" --results $R 2>&1 | grep -v Warning | log
@@ -107,6 +119,6 @@ speed() {
 }
 
 for p in ${*:-all}; do
-  case $p in tests) tests ;; learn) learn ;; speed) speed ;; all) tests; learn; speed ;; esac
+  case $p in tests) tests ;; learn) learn ;; pooling) pooling ;; speed) speed ;; all) tests; learn; pooling; speed ;; esac
 done
 step done

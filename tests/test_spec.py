@@ -208,6 +208,25 @@ def test_gpu_check_specs_validate_and_match_the_gpu_profile():
                 (gpu.tokenizer.vocab_size, gpu.train.batch_size, gpu.objective.max_seq_len), spec
 
 
+def test_gpu_pooling_check_fine_tunes_the_runs_the_learn_check_trains(tmp_path, monkeypatch):
+    """bench/gpu_check.sh pooling fine-tunes gpu_learn's checkpoints again: bench/gpu_learn_mean.yaml must
+    name the same runs (run hashes, random-init baselines) with another fine-tuning recipe (mean pooling).
+    Checked on stand-in text in a copy, so it runs unstaged (the corpus enters every run hash alike)."""
+    for rel in ("bench/gpu_learn.yaml", "bench/gpu_learn_mean.yaml", "ablations/base/bert.yaml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel).read_text())
+    for folder in ("gutenberg", "wikitext-2-raw"):
+        (tmp_path / ".gpudata" / folder).mkdir(parents=True)
+        (tmp_path / ".gpudata" / folder / "a.txt").write_text("Stand-in text. Two sentences.\n")
+    monkeypatch.chdir(tmp_path)
+    learn, mean = (load_study(tmp_path / "bench" / f"{n}.yaml").runs for n in ("gpu_learn", "gpu_learn_mean"))
+    assert [r.config.run_hash() for r in mean] == [r.config.run_hash() for r in learn]
+    assert [r.config.baseline_key() for r in mean] == [r.config.baseline_key() for r in learn]
+    assert {r.config.finetune.pooling for r in mean} == {"mean"}
+    assert {r.config.finetune.pooling for r in learn} == {"cls"}
+    assert mean[0].config.finetune_hash() != learn[0].config.finetune_hash()
+
+
 def test_generated_run_list_is_in_sync():
     """dvc.yaml iterates study_runs.yaml: it must match the specs (run `study sync`)."""
     assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), "study_runs.yaml is stale: run `study sync`"
