@@ -16,7 +16,7 @@ data):
      tokens its forward saw (a forward pre-hook: the collator runs in the workers).
    - ours' fine-tuning: steps/s of one batched-seeds step (impl.finetune_batched_seeds: the gpu profile's
      5 seeds in one vmapped step, batch 32, max_length 128, the model's dropout) and, beside it, of the
-     sequential per-seed step (study.downstream.finetune.finetune_step), on SST-2-like rows (lengths drawn
+     sequential per-seed step (study.downstream.classifier.finetune_step), on SST-2-like rows (lengths drawn
      from a fixed lognormal, median 22 tokens: no GLUE files needed); seed-steps/s = K x steps/s.
 Tokens are non-pad tokens on both sides. Each side is also clocked after its first --warm steps (20: ours'
 log windows after that step; the Trainer from a callback at that step, device synced); the last line
@@ -160,7 +160,8 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     import torch
 
     from study.downstream.batched import SeedBatch, collate_seeds
-    from study.downstream.finetune import Classifier, Encoded, collate, epoch_batches, finetune_optimizer, finetune_step
+    from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step
+    from study.downstream.encode import Encoded, collate, epoch_batches
     from study.model.bert import build_model
     from study.pretrain.evaluate import device_sync
     from study.runtime import resolve

@@ -8,6 +8,8 @@ results/
   finetune/random-<hash>/  the random-init baseline for one architecture + tokenizer
   studies/<name>/          aggregate tables of one study
   search/<name>/           optuna storage and exported best spec
+  .cache/<kind>/           derived and disposable: tokenized GLUE splits and fine-tuning locks
+                           (finetune), dvc stamp digests (stamps); kept out of every DVC dependency
 reports/<name>/index.html  one self-contained report per study; reports/index.html lists them
 """
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Layout:
 
     def search_dir(self, name: str) -> Path:
         return self.root / "search" / name
+
+    def cache_dir(self, kind: str) -> Path:
+        # Outside results/finetune and the run folders on purpose: those are DVC dependencies, and a cache
+        # changing must not make the study re-aggregate.
+        return self.root / ".cache" / kind
 
     def report_dir(self, name: str) -> Path:
         return self.reports / name

@@ -147,14 +147,14 @@ def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monke
 
 def test_plan_times_the_training_codes_own_step_functions(spec, tmp_path, monkeypatch):
     """`study plan` calls pre-training's and fine-tuning's real step functions (no copies that could drift):
-    every timed step goes through study.pretrain.step.pretrain_step / study.downstream.finetune.finetune_step,
+    every timed step goes through study.pretrain.step.pretrain_step / study.downstream.classifier.finetune_step,
     with the run's own optimizer settings and micro-batch split."""
-    from study.downstream import finetune
+    from study.downstream import classifier
     from study.pretrain import step
     from study.studies import cost
 
     calls = {"pretrain": [], "finetune": []}
-    real_pre, real_ft = step.pretrain_step, finetune.finetune_step
+    real_pre, real_ft = step.pretrain_step, classifier.finetune_step
 
     def pre(module, model, opt, parts, lr, **kw):
         calls["pretrain"].append((len(parts), lr, kw["clip"], opt.defaults["weight_decay"]))
@@ -165,7 +165,7 @@ def test_plan_times_the_training_codes_own_step_functions(spec, tmp_path, monkey
         return real_ft(model, opt, *args)
 
     monkeypatch.setattr(step, "pretrain_step", pre)
-    monkeypatch.setattr(finetune, "finetune_step", ft)
+    monkeypatch.setattr(classifier, "finetune_step", ft)
     monkeypatch.setattr(cost, "_STEP_TIMES", {})
     cfg = load_study(spec).runs[0].config.model_copy(deep=True)
     cfg.train.grad_accum = 2

@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from study.downstream import encode as enc_mod
 from study.downstream import finetune as ft_mod
+from study.downstream import probe as probe_mod
 from study.config import RunConfig
 from study.errors import StudyError
-from study.downstream.finetune import Classifier, Encoded, collate, finetune_baseline, finetune_run, result_path
+from study.downstream.classifier import Classifier
+from study.downstream.encode import Encoded, collate
+from study.downstream.finetune import finetune_baseline, finetune_run, result_path
 from study.model.bert import build_model
 from study.paths import Layout
 from study.data.tokenizer import train_tokenizer
@@ -150,7 +154,7 @@ def test_existing_results_are_not_recomputed(done, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("recomputed an existing result")
     monkeypatch.setattr(ft_mod, "_finetune_one", boom)
-    monkeypatch.setattr(ft_mod, "_probe", boom)
+    monkeypatch.setattr(ft_mod, "probe", boom)
     again = finetune_run(done["cfg"], done["layout"], quiet=True)
     assert again == done["results"]
     # a missing file is recomputed, and only that one
@@ -181,9 +185,8 @@ def test_same_seed_same_result(done, tmp_path):
     from study.downstream.tasks import load_task
     from study.data.tokenizer import load_tokenizer
     tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
-    enc = ft_mod.Encoder(tok, None, "test")
-    data = ft_mod.cap_rows(load_task("SST-2", done["glue"], "train"), 240)
-    e = ft_mod.encode(enc, data, 32, layout, str(done["glue"]))
+    data = enc_mod.cap_rows(load_task("SST-2", done["glue"], "train"), 240)
+    e = enc_mod.encode(tok, data, 32, layout, str(done["glue"]))
     fresh = tok(data.text_a, truncation=True, max_length=32)["input_ids"]
     assert [x.tolist() for x in e.ids] == fresh and len(cached) == 1
 
@@ -273,7 +276,7 @@ def test_a_row_scores_the_same_whatever_its_batch_pads_to(pooling):
     rt = resolve(cfg.impl)
     def feats(idx):
         part = Encoded([rows.ids[i] for i in idx], [rows.types[i] for i in idx], rows.labels[idx])
-        return ft_mod._features(bert, part, 1, rt, "", True, pooling)
+        return probe_mod.features(bert, part, 1, rt, "", True, pooling)
     np.testing.assert_allclose(feats([0, 1])[0], feats([0])[0], rtol=1e-5, atol=1e-6)
     if pooling == "mean":   # and it is the mean: of the last layer over the row's own tokens
         with torch.no_grad():

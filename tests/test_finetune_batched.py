@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from study.config import FinetuneConfig, ModelConfig, RunConfig
 from study.downstream import batched as b_mod
 from study.downstream import finetune as ft_mod
-from study.downstream.finetune import Encoded, epoch_batches, finetune_run, result_path
+from study.downstream.encode import Encoded, epoch_batches
+from study.downstream.finetune import finetune_run, result_path
 from study.errors import StudyError
 from study.paths import Layout
 from test_finetune import make_cfg, make_glue, write_model  # rootdir-relative, as report_fixtures

@@ -338,7 +338,7 @@ def test_one_param_group_rule_partitions_every_model_as_both_old_rules(sentence_
     """runtime.param_groups (ndim < 2: no decay) gives the pre-training model, and the fine-tuning classifier
     on its encoder, exactly the groups (members and order) of the trainer's name rule and of fine-tuning's
     ndim-or-LayerNorm rule: unifying them changed no optimizer state and no result."""
-    from study.downstream.finetune import Classifier
+    from study.downstream.classifier import Classifier
     from study.runtime import param_groups
 
     for cfg in (CFG, ModelConfig()):   # a test-sized model and the default architecture

@@ -181,7 +181,7 @@ def test_param_groups_leave_every_bias_and_layernorm_undecayed():
     """runtime.param_groups (ndim < 2) on the pre-LN model and the fine-tuning classifier on its encoder:
     no decay on exactly the biases and the LayerNorms (RoBERTa's head names one `layer_norm`), decay on
     every matrix and embedding, the tied decoder counted once."""
-    from study.downstream.finetune import Classifier
+    from study.downstream.classifier import Classifier
     from study.runtime import param_groups
 
     model = use_bits_dropout(build_model(PRE, VOCAB, True, ImplConfig(), seed=0))

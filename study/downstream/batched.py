@@ -6,7 +6,7 @@ one backward of K x batch rows instead of K small ones, so a GPU sees matmuls K 
 keeps everything the sequential loop (`finetune._finetune_one`) gives it:
 
 - its head init: the same `Classifier(..., generator seeded by the seed)`, built before stacking;
-- its data: the batches of seed k are exactly `finetune.epoch_batches(train, ft, k, epoch)`, the ones the
+- its data: the batches of seed k are exactly `encode.epoch_batches(train, ft, k, epoch)`, the ones the
   sequential loop feeds it; a step pads the K batches to their common longest row (padding is masked out
   of attention, so a row's [CLS] sees the same tokens; only float rounding can differ);
 - its optimizer: AdamW is elementwise, so one AdamW over the stacked tensors is K AdamWs (groups by the
@@ -50,8 +50,8 @@ from transformers.masking_utils import AttentionMaskInterface
 from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from study.config import RunConfig
-from study.downstream.finetune import (ADAM_BETAS, ADAM_EPS, GRAD_CLIP, Classifier, Encoded,
-                                       task_loss, collate, epoch_batches, eval_batches, lr_lambda)
+from study.downstream.classifier import ADAM_BETAS, ADAM_EPS, GRAD_CLIP, Classifier, lr_lambda, task_loss
+from study.downstream.encode import Encoded, collate, epoch_batches, eval_batches
 from study.downstream.tasks import TaskSpec, compute_metrics
 from study.runtime import Runtime
 

@@ -27,11 +27,14 @@ and the baseline see the same examples.
 
 impl.finetune_batched_seeds trains a task's missing seeds as one stacked model (study/downstream/batched.py):
 the same batches, head inits and updates per seed; dropout masks from each seed's own generator.
+
+This file is the orchestration (which results exist, loading the encoder, one result file each) and the
+sequential fine-tuning loop; the model and its step are in classifier.py, the tokenized rows and batches
+in encode.py, the probe in probe.py.
 """
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -41,42 +44,27 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from study.config import FinetuneConfig, RunConfig
+from study.config import RunConfig
 from study.data.prepare import prepare_data
 from study.data.tokenizer import load_tokenizer
-from study.errors import StudyError
-from study.io import atomic_write_bytes, atomic_write_json, file_lock, hash_obj, read_json, sha256_file
-from study.paths import Layout
-from study.provenance import provenance
+from study.downstream import batched
+from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step, lr_lambda
+from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_batches, eval_batches
+from study.downstream.probe import probe
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+from study.errors import StudyError
+from study.io import atomic_write_json, file_lock, read_json
 from study.model.bert import build_model
 from study.model.load import load_pretrained
-from study.runtime import Runtime, param_groups, resolve, threads
-
-# Fixed parts of the recipe (BERT's fine-tuning defaults); everything that varies lives in cfg.finetune.
-ADAM_BETAS = (0.9, 0.999)
-ADAM_EPS = 1e-8
-GRAD_CLIP = 1.0
-EVAL_BATCH = 128
-SUBSET_SEED = 20181011        # which rows a cap keeps; a constant so every run sees the same rows
-PROBE_C = 1.0                 # inverse L2 strength of the logistic probe (standardised features)
-PROBE_ALPHA = 1.0             # ridge strength of the regression probe
-PROBE_MAX_ITER = 2000
-
+from study.paths import Layout
+from study.provenance import provenance
+from study.runtime import Runtime, resolve, threads
 
 # --------------------------------------------------------------------------- keys and paths
-
 def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
     return layout.finetune_dir(run_key) / task / finetune_hash / f"{mode}-seed{seed}.json"
-
-
-def _cache_dir(layout: Layout) -> Path:
-    # Outside results/finetune on purpose: that folder is a DVC dependency of aggregation, and a
-    # tokenization cache changing must not make the study re-aggregate.
-    return layout.root / ".cache" / "finetune"
 
 
 # --------------------------------------------------------------------------- public API
@@ -116,14 +104,12 @@ def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> li
 # --------------------------------------------------------------------------- encoder + tokenizer
 @dataclass
 class Encoder:
+    """What a task is fine-tuned from: the tokenizer, the encoder (deep-copied per fine-tune) and where
+    they came from (a checkpoint folder or "random init ..."), recorded in every result."""
+
     tokenizer: object
     bert: torch.nn.Module      # transformers BertModel (with pooler)
     source: str
-
-    @property
-    def tok_hash(self) -> str:
-        # the tokenizer's full serialized state: vocab, normalizer, post-processor
-        return hash_obj(self.tokenizer.backend_tokenizer.to_str(), length=16)
 
 
 def _load_tokenizer(model_dir: Path):
@@ -140,159 +126,7 @@ def _check_vocab(tok, vocab_size: int, where: Path) -> None:
                          source=str(where))
 
 
-# --------------------------------------------------------------------------- tokenized task data
-@dataclass
-class Encoded:
-    """A tokenized split: per-row token ids and token types (unpadded), and the labels."""
-
-    ids: list[np.ndarray]
-    types: list[np.ndarray]
-    labels: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
-def cap_rows(data: TaskData, n: int | None) -> TaskData:
-    """At most `n` rows of a split. Which rows depends on the split's size and n only (not the seed or the
-    model), so every run, its baseline and `study plan`'s estimate see the same examples."""
-    if n is None or len(data) <= n:
-        return data
-    rng = np.random.default_rng(np.random.SeedSequence([SUBSET_SEED, len(data), n]))
-    return data.subset(np.sort(rng.choice(len(data), size=n, replace=False)))
-
-
-def encode(enc: Encoder, data: TaskData, max_length: int, layout: Layout, glue_dir: str) -> Encoded:
-    """Tokenize a (capped) split, cached by tokenizer + file content + max_length + rows kept."""
-    src = data.source
-    content = sha256_file(src) if glue_dir != HUB and Path(src).is_file() else src
-    key = hash_obj({"tok": enc.tok_hash, "task": data.task, "split": data.split, "content": content,
-                    "max_length": max_length, "rows": hash_obj([data.text_a, data.text_b])}, length=20)
-    path = _cache_dir(layout) / f"{data.task}-{data.split}-{key}.npz"
-    if path.is_file():
-        with np.load(path) as z:
-            offs = z["offsets"]
-            ids = np.split(z["ids"], offs[1:-1])
-            types = np.split(z["types"], offs[1:-1])
-    else:
-        out = enc.tokenizer(data.text_a, data.text_b, truncation=True, max_length=max_length,
-                            return_token_type_ids=True, return_attention_mask=False)
-        ids = [np.asarray(x, dtype=np.int32) for x in out["input_ids"]]
-        types = [np.asarray(x, dtype=np.int8) for x in out["token_type_ids"]]
-        offs = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in ids], out=offs[1:])
-        buf = io.BytesIO()
-        np.savez(buf, ids=np.concatenate(ids), types=np.concatenate(types), offsets=offs)
-        atomic_write_bytes(path, buf.getvalue())
-    return Encoded(ids, types, data.labels)
-
-
-def collate(e: Encoded, idx: np.ndarray, device: torch.device, width: int | None = None) -> dict[str, torch.Tensor]:
-    """Pad a batch to its own longest row (GLUE sentences are mostly far shorter than max_length), or to
-    `width` (batched seeds pad their K batches to one width)."""
-    width = width or max(len(e.ids[i]) for i in idx)
-    ids = np.zeros((len(idx), width), dtype=np.int64)   # [PAD] is id 0 (study.data.tokenizer.SPECIALS)
-    types = np.zeros((len(idx), width), dtype=np.int64)
-    mask = np.zeros((len(idx), width), dtype=np.int64)
-    for r, i in enumerate(idx):
-        n = len(e.ids[i])
-        ids[r, :n], types[r, :n], mask[r, :n] = e.ids[i], e.types[i], 1
-    return {"input_ids": torch.from_numpy(ids).to(device), "token_type_ids": torch.from_numpy(types).to(device),
-            "attention_mask": torch.from_numpy(mask).to(device)}
-
-
-def eval_batches(e: Encoded) -> list[np.ndarray]:
-    # length-sorted batches: little padding; predictions are put back in row order by the caller
-    order = np.argsort([len(x) for x in e.ids], kind="stable")
-    return [order[i:i + EVAL_BATCH] for i in range(0, len(order), EVAL_BATCH)]
-
-
-def epoch_batches(e: Encoded, ft: FinetuneConfig, seed: int, epoch: int) -> list[np.ndarray]:
-    """The training batches (row indices) of one seed's epoch: a permutation seeded by (seed, epoch), cut
-    into batch_size rows. With finetune.length_groups = k >= 2 (HF's group_by_length), each run of k batches
-    of that permutation is sorted by row length, longest first, before the cut: the same rows per epoch and
-    per run of k batches, batches of similar lengths (less padding), a different batch composition."""
-    order = np.random.default_rng(np.random.SeedSequence([seed, epoch])).permutation(len(e))
-    if ft.length_groups >= 2:
-        lengths = np.array([len(x) for x in e.ids])
-        size = ft.length_groups * ft.batch_size
-        order = np.concatenate([g[np.argsort(-lengths[g], kind="stable")]
-                                for g in (order[i:i + size] for i in range(0, len(order), size))])
-    return [order[b:b + ft.batch_size] for b in range(0, len(order), ft.batch_size)]
-
-
-def lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
-    """The recipe's schedule: linear warmup over `warmup` steps, then linear decay to 0 at `total`."""
-    return lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
-
-
 # --------------------------------------------------------------------------- fine-tuning
-class Classifier(torch.nn.Module):
-    """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS])), or, with
-    pooling "mean", on the mean of the last layer over the row's real tokens (the pooler is then unused)."""
-
-    def __init__(self, bert: torch.nn.Module, num_labels: int, dropout: float, init_range: float,
-                 generator: torch.Generator, pooling: str = "cls"):
-        super().__init__()
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling {pooling!r}: 'cls' or 'mean'")
-        self.bert = bert
-        self.pooling = pooling
-        self.dropout = torch.nn.Dropout(dropout)
-        self.head = torch.nn.Linear(bert.config.hidden_size, num_labels)
-        with torch.no_grad():
-            self.head.weight.normal_(0.0, init_range, generator=generator)
-            self.head.bias.zero_()
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`pool_mask` [batch, width] 0/1: the rows' real tokens, when `attention_mask` is already the
-        prepared 4-d mask (batched seeds); otherwise the 2-d attention_mask is used."""
-        out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
-        if self.pooling == "cls":
-            pooled = out.pooler_output
-        else:
-            pooled = mean_pool(out.last_hidden_state, attention_mask if pool_mask is None else pool_mask)
-        return self.head(self.dropout(pooled)).float()
-
-
-def mean_pool(h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of h [batch, width, hidden] over the positions where mask [batch, width] is 1 (all without a
-    mask), in fp32: padding never enters, so a row's vector does not depend on how wide its batch is."""
-    if mask is None:
-        return h.float().mean(1)
-    m = mask.to(torch.float32).unsqueeze(-1)
-    return (h.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
-
-
-def task_loss(regression: bool, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if regression:
-        return F.mse_loss(logits.squeeze(-1), y.float())
-    return F.cross_entropy(logits, y.long())
-
-
-def finetune_optimizer(model: torch.nn.Module, ft: FinetuneConfig) -> torch.optim.AdamW:
-    """The recipe's AdamW: no weight decay on biases and LayerNorm (study.runtime.param_groups)."""
-    return torch.optim.AdamW(param_groups(model, ft.weight_decay), lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
-
-
-def finetune_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                  y: torch.Tensor, regression: bool, autocast) -> torch.Tensor:
-    """One fine-tuning step: forward under `autocast`, loss, backward, clip to GRAD_CLIP, AdamW update.
-    Returns the loss (a device tensor). `study plan` times this very function (study/studies/cost.py).
-    A non-finite loss raises FloatingPointError before any update."""
-    with autocast():
-        logits = model(**batch)
-    loss = task_loss(regression, logits, y)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite fine-tuning loss {float(loss)}")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    opt.step()
-    return loss
-
-
 def _predict(model: torch.nn.Module, e: Encoded, rt: Runtime) -> np.ndarray:
     model.eval()
     out: list[tuple[np.ndarray, np.ndarray]] = []
@@ -346,48 +180,6 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
     tail = losses[-max(1, steps_per_epoch // 4):]   # the last quarter epoch: the loss where training ended
     return {"metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
             "steps": step, "train_loss": float(np.mean(tail)), "wall_s": round(time.time() - t0, 3)}
-
-
-# --------------------------------------------------------------------------- probe
-def _features(bert: torch.nn.Module, e: Encoded, layers: int, rt: Runtime, desc: str, quiet: bool,
-              pooling: str = "cls") -> np.ndarray:
-    """The last `layers` layers' [CLS] vectors (pooling "cls") or token means ("mean", padding excluded),
-    concatenated: [n, layers * hidden]."""
-    bert = bert.to(rt.device).eval()
-    feats = np.zeros((len(e), layers * bert.config.hidden_size), dtype=np.float32)
-    with torch.no_grad(), rt.autocast():
-        for idx in tqdm(eval_batches(e), desc=desc, unit="batch", disable=quiet, leave=False):
-            batch = collate(e, idx, rt.device)
-            hs = bert(**batch, output_hidden_states=True).hidden_states
-            vecs = [h[:, 0].float() if pooling == "cls" else mean_pool(h, batch["attention_mask"])
-                    for h in hs[-layers:]]
-            feats[idx] = torch.cat(vecs, dim=-1).cpu().numpy()
-    return feats
-
-
-def _probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
-           rt: Runtime, quiet: bool) -> dict:
-    # scikit-learn (~1 s to import) only when a probe is fitted, not for every fine-tune
-    from sklearn.linear_model import LogisticRegression, Ridge
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    t0 = time.time()
-    k = cfg.finetune.probe_layers
-    pool = cfg.finetune.pooling
-    x_train = _features(bert, train, k, rt, f"{spec.name} probe features (train)", quiet, pool)
-    x_dev = _features(bert, dev, k, rt, f"{spec.name} probe features (dev)", quiet, pool)
-    if spec.is_regression:
-        clf = make_pipeline(StandardScaler(), Ridge(alpha=PROBE_ALPHA))
-        clf.fit(x_train, train.labels)
-        preds = clf.predict(x_dev)
-    else:
-        # lbfgs is deterministic: no random_state needed, the probe depends on the encoder alone
-        clf = make_pipeline(StandardScaler(), LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER))
-        clf.fit(x_train, train.labels)
-        preds = clf.predict(x_dev)
-    return {"metrics": compute_metrics(spec, preds, dev.labels), "features": int(x_train.shape[1]),
-            "wall_s": round(time.time() - t0, 3)}
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -468,7 +260,7 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) ->
                 atomic_write_json(p, rec)
                 results.append(rec)
         else:
-            lock = _cache_dir(layout) / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
+            lock = layout.cache_dir("finetune") / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
             with file_lock(lock):
                 done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}  # another process?
                 results.extend(_run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout,
@@ -479,8 +271,8 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) ->
 def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt, quiet,
               train: TaskData, dev: TaskData) -> list[dict]:
     ft = cfg.finetune
-    e_train = encode(enc, train, ft.max_length, layout, ft.glue_dir)
-    e_dev = encode(enc, dev, ft.max_length, layout, ft.glue_dir)
+    e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
+    e_dev = encode(enc.tokenizer, dev, ft.max_length, layout, ft.glue_dir)
     prov = provenance(str(rt.device))
 
     def record(mode: str, seed: int, out: dict) -> dict:
@@ -493,16 +285,15 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]
     if todo and cfg.impl.finetune_batched_seeds:   # every missing seed in one stacked model (batched.py)
-        from study.downstream.batched import finetune_seeds
-        batched = finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
-                                 f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
+        stacked = batched.finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
+                                         f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
     for seed in todo:
-        res = batched[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
+        res = stacked[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
             cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
         out[("finetune", seed)] = rec = record("finetune", seed, res)
         atomic_write_json(paths[("finetune", seed)], rec)
     if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
-        res = _probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)
+        res = probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)
         for seed in ft.seeds:
             if ("probe", seed) not in out:
                 out[("probe", seed)] = rec = record("probe", seed, res)

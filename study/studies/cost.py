@@ -167,7 +167,7 @@ def batch_width(lengths, batch: int) -> int:
 
 def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
     """Seconds of one fine-tuning step on this machine: fine-tuning's own classifier, optimizer, collate
-    (pad to the batch's longest row) and step function (study.downstream.finetune.finetune_step), over
+    (pad to the batch's longest row) and step function (study.downstream.classifier.finetune_step), over
     shuffled batches with these row lengths (random ids: the cost does not depend on them), on the device
     and precision fine-tuning will use. The median of the steps after the first (which pays for
     allocation) is robust to a busy moment. On SST-2 (nsp cpu) it gave 40 ms where a real fine-tune took
@@ -177,7 +177,8 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
     own SeedBatch.step on k batches padded to their common width), the step that trains all k at once."""
     import torch
 
-    from study.downstream.finetune import Classifier, Encoded, collate, finetune_optimizer, finetune_step
+    from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step
+    from study.downstream.encode import Encoded, collate
     from study.model import build_model
     from study.runtime import resolve, threads
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
@@ -238,7 +239,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
     a folder that exists. On the hub (nothing downloaded yet) the rows are GLUE's published counts, every one
     at finetune.max_length tokens: an upper bound (`finetune_is_bound`).
     """
-    from study.downstream.finetune import cap_rows  # the rows a cap keeps: the same ones fine-tuning will use
+    from study.downstream.encode import cap_rows  # the rows a cap keeps: the same ones fine-tuning will use
     ft = cfg.finetune
     total = 0.0
     for task, (seeds, probe) in todo.items():

@@ -463,7 +463,7 @@ def stamp(stage: str, runs_file: Path, results: Path, of: str | None = None) -> 
     folder) or study-<name> (status and digest of each run folder, and of the study's own results in each
     fine-tune folder; it also writes the loss plot's file). One line back."""
     kind, _, name = stage.partition("-")
-    digests, note = _Digests(results / ".cache" / "stamps" / f"{stage}.json"), ""
+    digests, note = _Digests(Layout(root=results).cache_dir("stamps") / f"{stage}.json"), ""
     if kind == "code" and name in CODE:
         body = {"paths": {p: digests.tree(Path(p)) for p in CODE[name]}}
         what = f"{len(CODE[name])} code paths"
