@@ -31,11 +31,12 @@ if [ "${1:-}" = "--stage" ]; then
   for t in SST-2 MRPC; do cp "$src/glue/$t/train.tsv" "$src/glue/$t/dev.tsv" .gpudata/glue/$t/; done
   $py -m study --results .gpudata/results prepare bench/gpu_learn.yaml --quiet || exit 1
   tar czf .gpucarry/data.tgz --exclude=.gpudata/results/runs .gpudata
-  # the project's pins that a GPU image may lack (torch stays the image's own CUDA build)
+  # the project's pins that a GPU image may lack (torch stays the image's own CUDA build); accelerate (and
+  # its psutil) for bench/gpu.py's transformers.Trainer baseline, the pyproject's `bench` extra
   $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpucarry/whl \
     transformers==5.24.0 tokenizers==0.23.3 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types \
-    typing-inspection==0.4.5 pysbd==0.3.4 || exit 1
+    typing-inspection==0.4.5 pysbd==0.3.4 accelerate==1.16.0 psutil==7.2.2 || exit 1
   du -sh .gpucarry
   exit 0
 fi
@@ -47,7 +48,7 @@ for p in ${*:-all}; do
   case $p in tests|learn|pooling|speed|all) ;; *) echo "unknown part '$p': tests, learn, pooling, speed or all" >&2; exit 2 ;; esac
 done
 # the pinned packages, where the image's own differ (installed into /tmp/site, never into the system)
-pinned() { python3 -c 'import sys, transformers, pydantic, pysbd; sys.exit(transformers.__version__ != "5.24.0")' 2>/dev/null; }
+pinned() { python3 -c 'import sys, transformers, pydantic, pysbd, accelerate; sys.exit(transformers.__version__ != "5.24.0")' 2>/dev/null; }
 if [ -d .gpucarry/whl ] && [ ! -d /tmp/site ] && ! pinned; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .gpucarry/whl/*.whl || exit 1
