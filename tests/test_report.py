@@ -334,11 +334,11 @@ defaults:
   finetune: {pooling: mean, epochs: 3, max_train_examples: 2000}
 runs:
   - {label: a, set: {masking.mask: 0.8, masking.random: 0.1, masking.keep: 0.1}}
-  - {label: b, set: {masking.mask: 1.0, masking.random: 0.0, masking.keep: 0.0}}
+  - {label: b, set: {masking.mask: 0.8, masking.random: 0.2, masking.keep: 0.0}}
 """)
     text = recipe_sentence(load_study(spec).plan_dict(Layout(root=tmp_path / "results")))
     assert "a pre-LN encoder of" in text and "rows of 64 tokens" in text
-    assert "[MASK]/random/unchanged 80/10/10, 100/0/0;" in text
+    assert "[MASK]/unchanged/random 80/10/10, 80/0/20;" in text   # BERT Table 8's MASK/SAME/RND order
     assert "300 steps of 32 rows, the first 25% of them on 16-token rows" in text
     assert "Fine-tuning (and the probe) reads the mean of the last layer over the row's tokens" in text
     assert "for 3 epochs of 2,000 training rows per task." in text

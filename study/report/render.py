@@ -143,13 +143,19 @@ def recipe_sentence(plan: dict) -> str:
     def pct(x: float) -> str:
         return f"{100 * x:g}%"
 
+    def split(s: list) -> str:
+        # recorded as [mask, random, keep] (the config's order); written in BERT Table 8's MASK/SAME/RND
+        # order, the one the replacement study's labels use
+        mask, random, keep = s
+        return "/".join(f"{100 * x:g}" for x in (mask, keep, random))
+
     arch = {"post_ln": "post-LN (BERT's)", "pre_ln": "pre-LN"}
     text = (f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
             f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
             f"{v('model.dropout')}; WordPiece vocabulary {v('tokenizer.vocab_size')}; {v('objective.format')} rows "
             f"of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
             f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
-            f"[MASK]/random/unchanged {v('masking.split', lambda s: '/'.join(f'{100 * x:g}' for x in s), ', ')}; "
+            f"[MASK]/unchanged/random {v('masking.split', split, ', ')}; "
             f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows")
     if any(r.get("train.short_fraction") or []):
         text += (f", the first {v('train.short_fraction', pct)} of them on {v('train.short_len')}-token rows "
