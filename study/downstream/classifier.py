@@ -1,8 +1,9 @@
 """The fine-tuning model and its step: an encoder with BERT's classification head, AdamW, the schedule.
 
 The parts of the recipe that never vary are constants here (BERT's fine-tuning defaults); everything that
-varies lives in cfg.finetune. The sequential loop (finetune.py), the batched seeds (batched.py), `study
-plan` (study/studies/cost.py) and bench/gpu.py all train through these very functions.
+varies lives in cfg.finetune. The sequential loop (finetune.py), `study plan` (study/studies/cost.py) and
+bench/gpu.py train through `finetune_step`; the batched seeds (batched.py) stack the same `Classifier` and
+use the same loss, constants and schedule in their own vmapped step.
 """
 from __future__ import annotations
 

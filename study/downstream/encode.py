@@ -1,8 +1,8 @@
 """A GLUE split as token ids, and the batches fine-tuning and prediction cut from it.
 
 Everything here depends on the data, the tokenizer and the fine-tuning recipe only, not on the encoder's
-weights: every run, its random-init baseline and `study plan`'s estimate (study/studies/cost.py) see the
-same rows in the same batches.
+weights: every run and its random-init baseline see the same rows in the same batches, and `study plan`
+(study/studies/cost.py) counts the same rows.
 """
 from __future__ import annotations
 
