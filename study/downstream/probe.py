@@ -53,14 +53,9 @@ def probe(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded,
     pool = cfg.finetune.pooling
     x_train = features(bert, train, k, rt, f"{spec.name} probe features (train)", quiet, pool)
     x_dev = features(bert, dev, k, rt, f"{spec.name} probe features (dev)", quiet, pool)
-    if spec.is_regression:
-        clf = make_pipeline(StandardScaler(), Ridge(alpha=PROBE_ALPHA))
-        clf.fit(x_train, train.labels)
-        preds = clf.predict(x_dev)
-    else:
-        # lbfgs is deterministic: no random_state needed, the probe depends on the encoder alone
-        clf = make_pipeline(StandardScaler(), LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER))
-        clf.fit(x_train, train.labels)
-        preds = clf.predict(x_dev)
+    # lbfgs is deterministic: no random_state needed, the probe depends on the encoder alone
+    head = (Ridge(alpha=PROBE_ALPHA) if spec.is_regression
+            else LogisticRegression(C=PROBE_C, max_iter=PROBE_MAX_ITER))
+    preds = make_pipeline(StandardScaler(), head).fit(x_train, train.labels).predict(x_dev)
     return {"metrics": compute_metrics(spec, preds, dev.labels), "features": int(x_train.shape[1]),
             "wall_s": round(time.time() - t0, 3)}
