@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from study.config import ImplConfig, ModelConfig
+from study.config import ImplConfig, ModelConfig, RunConfig
 from study.errors import StudyError
 from study.model.bert import bits_dropout, build_model, model_flops_per_token, pretraining_loss, use_bits_dropout
 
@@ -96,6 +96,17 @@ def test_same_seed_same_init_and_ambient_rng_untouched():
     assert torch.equal(before, after)
     for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), n
+
+
+def test_init_range_sets_the_initial_weights_sd():
+    # model.init_range is a recipe setting (the replacement study's cpu profile draws at 0.05, BERT at 0.02):
+    # the post-LN model must draw its Linear and embedding weights with that SD, and the run hash must see it
+    for sd in (0.02, 0.05):
+        m = build_model(CFG.model_copy(update={"init_range": sd}), VOCAB, True, ImplConfig(), seed=1)
+        q = m.bert.encoder.layer[0].attention.self.query.weight.detach()
+        w = m.bert.embeddings.word_embeddings.weight.detach()
+        assert abs(float(q.std()) / sd - 1) < 0.1 and abs(float(w.std()) / sd - 1) < 0.1, sd
+    assert RunConfig(model={"init_range": 0.05}).run_hash() != RunConfig().run_hash()
 
 
 def test_bf16_autocast_matches_fp32_curve():

@@ -322,13 +322,14 @@ def test_methods_state_the_pretraining_recipe(rendered, tmp_path):
     d = RunConfig()
     assert f"encoder of 1 / 2 / 4 layers, hidden {d.model.hidden}," in recipe
     assert "post-LN (BERT&#39;s)" in recipe and "Where runs differ, every value is listed." in recipe
+    assert "dropout 0.1, weights initialised with SD 0.02 (BERT&#39;s); WordPiece" in recipe
     assert f"peak lr {d.train.lr:g}" in recipe and "on 16-token rows" not in recipe  # no short phase by default
     assert 'id="recipe"' not in rendered("nsp")[1]
     spec = tmp_path / "r.yaml"
     spec.write_text("""
 name: r
 defaults:
-  model: {arch: pre_ln}
+  model: {arch: pre_ln, init_range: 0.05}
   objective: {max_seq_len: 64}
   train: {amount: 300, short_len: 16, short_fraction: 0.25}
   finetune: {pooling: mean, epochs: 3, max_train_examples: 2000}
@@ -336,8 +337,12 @@ runs:
   - {label: a, set: {masking.mask: 0.8, masking.random: 0.1, masking.keep: 0.1}}
   - {label: b, set: {masking.mask: 0.8, masking.random: 0.2, masking.keep: 0.0}}
 """)
-    text = recipe_sentence(load_study(spec).plan_dict(Layout(root=tmp_path / "results")))
+    plan = load_study(spec).plan_dict(Layout(root=tmp_path / "results"))
+    text = recipe_sentence(plan)
     assert "a pre-LN encoder of" in text and "rows of 64 tokens" in text
+    assert "weights initialised with SD 0.05;" in text
+    del plan["recipe"]["model.init_range"]   # a plan from before the init scale was recorded
+    assert "initialised" not in recipe_sentence(plan) and "?" not in recipe_sentence(plan)
     assert "[MASK]/unchanged/random 80/10/10, 80/0/20;" in text   # BERT Table 8's MASK/SAME/RND order
     assert "300 steps of 32 rows, the first 25% of them on 16-token rows" in text
     assert "Fine-tuning (and the probe) reads the mean of the last layer over the row's tokens" in text

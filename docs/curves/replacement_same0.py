@@ -4,8 +4,9 @@
     nice .venv/bin/python docs/curves/replacement_same0.py --plan      # the run hashes only, nothing trained
     nice .venv/bin/python docs/curves/replacement_same0.py --group replacement_warmup   # one group only
 
-Runs of ablations/replacement.yaml at `--profile cpu` with base/bert.yaml's 16-token warmup rows (BASE; the
-study itself has taken 8-token rows since), some with one recipe setting changed (the same change
+Runs of ablations/replacement.yaml at `--profile cpu` with base/bert.yaml's 16-token warmup rows and BERT's
+init_range 0.02 (BASE, so that every group keeps its run hashes; the study itself has taken 8-token rows and
+init_range 0.05 since), some with one recipe setting changed (the same change
 for every split it is tried on; all at the profile's budget except the "longer" group, which doubles it), an
 eval every EVERY steps (the groups in EVERY_IN: every 100, to see the warmup's 900 steps of short rows), two
 processes with one thread each. Writes a CSV per run (`<group>_<run_hash>.csv`),
@@ -27,11 +28,13 @@ from study.studies.spec import load_study, set_dotted
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 EVERY = 250
-EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100, "replacement_short8_seeds": 100}
+EVERY_IN = {"replacement_warmup": 100, "replacement_short8": 100, "replacement_short8_seeds": 100,
+            "replacement_init": 100}
 SPEC = REPO / "ablations" / "replacement.yaml"
 # figure name -> runs as (split label, seed, recipe change); the cpu recipe is lr 2e-3, warmup 6%, post-LN and,
-# for these groups, base/bert.yaml's 16-token warmup rows (BASE): the study's own cpu profile has 8 since
-BASE = {"train.short_len": 16}
+# for these groups, base/bert.yaml's 16-token warmup rows and init_range 0.02 (BASE): the study's own cpu profile
+# has had 8-token rows and init_range 0.05 since
+BASE = {"train.short_len": 16, "model.init_range": 0.02}
 SPLITS = ("MASK100/SAME0/RND0", "MASK80/SAME0/RND20", "MASK0/SAME0/RND100", "MASK80/SAME10/RND10")
 GROUPS = {
     "replacement_same0": [
@@ -59,6 +62,18 @@ GROUPS = {
     "replacement_short8_seeds": [(label, seed, {"train.short_len": 8}) for label, seed in
                                  (("MASK100/SAME0/RND0", 0), ("MASK100/SAME0/RND0", 1), ("MASK80/SAME0/RND20", 0),
                                   ("MASK80/SAME0/RND20", 2))],
+    # the study's recipe (8-token warmup rows) with BERT's init_range 0.02 raised to 0.05 (and one run with
+    # gradients clipped at 0.25 instead): the two changes of a 700-step screen on MASK0/SAME0/RND100 seed 0 that
+    # kept it from collapsing (docs/RESULTS.md)
+    "replacement_init": [(label, seed, {"train.short_len": 8, **change}) for label, seed, change in
+                         (("MASK0/SAME0/RND100", 0, {"model.init_range": 0.05}),
+                          ("MASK80/SAME10/RND10", 0, {"model.init_range": 0.05}),
+                          ("MASK0/SAME0/RND100", 0, {"train.clip": 0.25}),
+                          ("MASK0/SAME0/RND100", 1, {"model.init_range": 0.05}),
+                          ("MASK0/SAME0/RND100", 2, {"model.init_range": 0.05}),
+                          ("MASK80/SAME0/RND20", 1, {"model.init_range": 0.05}),
+                          ("MASK80/SAME0/RND20", 2, {"model.init_range": 0.05}),
+                          ("MASK100/SAME0/RND0", 2, {"model.init_range": 0.05}))],
 }
 TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile: one recipe setting changed",
           "replacement_preln": "replacement splits (MASK/SAME/RND), cpu profile, pre-LN: every seed",
@@ -66,7 +81,8 @@ TITLES = {"replacement_same0": "replacement splits (MASK/SAME/RND), cpu profile:
           "replacement_warmup": "replacement splits (MASK/SAME/RND), cpu recipe: dash-dot, [MASK] on the 16-token rows",
           "replacement_short8": "replacement splits (MASK/SAME/RND), warmup on 8-token rows: dash-dot, [MASK] on them",
           "replacement_short8_seeds": "replacement SAME-0 splits, other seeds, warmup on 8-token rows: dash-dot, "
-                                      "[MASK] on them"}
+                                      "[MASK] on them",
+          "replacement_init": "replacement, 8-token warmup rows, init_range 0.05 (one run: clip 0.25 instead)"}
 
 
 @cache

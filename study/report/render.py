@@ -150,9 +150,15 @@ def recipe_sentence(plan: dict) -> str:
         return "/".join(f"{100 * x:g}" for x in (mask, keep, random))
 
     arch = {"post_ln": "post-LN (BERT's)", "pre_ln": "pre-LN"}
+
+    def sd(x: float) -> str:
+        return f"{x:g} (BERT's)" if x == 0.02 else f"{x:g}"
+
+    # plans written before the init scale was recorded have none: say nothing rather than "?"
+    init = f", weights initialised with SD {v('model.init_range', sd)}" if r.get("model.init_range") else ""
     text = (f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
             f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
-            f"{v('model.dropout')}; WordPiece vocabulary {v('tokenizer.vocab_size')}; {v('objective.format')} rows "
+            f"{v('model.dropout')}{init}; WordPiece vocabulary {v('tokenizer.vocab_size')}; {v('objective.format')} rows "
             f"of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
             f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
             f"[MASK]/unchanged/random {v('masking.split', split, ', ')}; "

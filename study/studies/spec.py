@@ -127,7 +127,7 @@ class Study:
 # The recipe a report's methods paragraph states (study.report.render.recipe_sentence): the settings a reader
 # needs to know what was pre-trained and how it was fine-tuned, whether or not a factor varies them.
 RECIPE_KEYS = ("model.arch", "model.layers", "model.hidden", "model.heads", "model.intermediate", "model.dropout",
-               "tokenizer.vocab_size", "objective.format", "objective.sentence", "objective.max_seq_len",
+               "model.init_range", "tokenizer.vocab_size", "objective.format", "objective.sentence", "objective.max_seq_len",
                "masking.rate", "masking.split", "masking.unit",
                "train.budget", "train.amount", "train.batch_size", "train.short_len", "train.short_fraction",
                "train.lr", "train.warmup", "train.schedule",
