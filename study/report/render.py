@@ -158,8 +158,8 @@ def recipe_sentence(plan: dict) -> str:
     init = f", weights initialised with SD {v('model.init_range', sd)}" if r.get("model.init_range") else ""
     text = (f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
             f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
-            f"{v('model.dropout')}{init}; WordPiece vocabulary {v('tokenizer.vocab_size')}; {v('objective.format')} rows "
-            f"of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
+            f"{v('model.dropout')}{init}; WordPiece vocabulary {v('tokenizer.vocab_size')}; "
+            f"{v('objective.format')} rows of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
             f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
             f"[MASK]/unchanged/random {v('masking.split', split, ', ')}; "
             f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows")

@@ -127,8 +127,8 @@ class Study:
 # The recipe a report's methods paragraph states (study.report.render.recipe_sentence): the settings a reader
 # needs to know what was pre-trained and how it was fine-tuned, whether or not a factor varies them.
 RECIPE_KEYS = ("model.arch", "model.layers", "model.hidden", "model.heads", "model.intermediate", "model.dropout",
-               "model.init_range", "tokenizer.vocab_size", "objective.format", "objective.sentence", "objective.max_seq_len",
-               "masking.rate", "masking.split", "masking.unit",
+               "model.init_range", "tokenizer.vocab_size", "objective.format", "objective.sentence",
+               "objective.max_seq_len", "masking.rate", "masking.split", "masking.unit",
                "train.budget", "train.amount", "train.batch_size", "train.short_len", "train.short_fraction",
                "train.lr", "train.warmup", "train.schedule",
                "finetune.pooling", "finetune.lr", "finetune.epochs", "finetune.max_train_examples")
