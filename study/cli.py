@@ -147,11 +147,15 @@ def cmd_pretrain(args) -> int:
     """Train the study's runs. A failed or diverged run is recorded and the others go on;
     the exit status says what happened (0 all done, 3 a run diverged, 1 a run failed) unless
     --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report.
-    --jobs N trains N runs side by side, one process each (study/parallel.py)."""
+    --jobs N trains N runs side by side, one process each (study/parallel.py), the longest (in training
+    FLOPs) first."""
     from study.parallel import resolve_jobs, run_all, with_threads
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
     jobs = resolve_jobs(getattr(args, "jobs", 1), _left_to_train(runs, layout))
+    if jobs > 1:  # the longest runs first, so that none of them starts last beside idle cores
+        from study.studies.cost import training_flops
+        runs = sorted(runs, key=lambda r: -training_flops(r.config))
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
     for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):

@@ -280,6 +280,11 @@ class ImplConfig(Strict):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere
     sparse_head: bool = True
+    # The training step's MLM projection and cross-entropy: "chunked" computes them a few rows at a time, the
+    # logits never whole (study/model/xent.py; on a CPU at 60% masking 1.9x faster for that part); "torch"
+    # is F.cross_entropy over the whole logits. The same loss within float rounding (tests/test_model.py,
+    # tests/test_train.py). "auto": chunked on a CPU in fp32, torch elsewhere (not measured on a GPU).
+    mlm_loss: Literal["auto", "torch", "chunked"] = "auto"
     attention: Literal["eager", "sdpa"] = "eager"
     # torch.compile of the training step's encoder (model.bert) with static shapes: needs pad_to="max"
     # (one shape per run, so one graph); evaluation stays eager. Loss-neutral within float rounding

@@ -10,6 +10,7 @@ here, so a plan times what a run will do and a fine-tune runs where its pre-trai
   naming impl.device. Under DDP on CUDA each rank takes the GPU of its local rank.
 - resolve_precision() / autocast_factory(): auto is bf16 autocast on CUDA when the GPU supports it,
   plain fp32 elsewhere (CPU bf16 autocast is slower than fp32 on most CPUs; MPS bf16 is unproven).
+- resolve_mlm_loss(): impl.mlm_loss; auto is the chunked MLM loss on a CPU in fp32 (study/model/xent.py).
 - threads(n): torch's intra-op thread count for the duration of a block (impl.threads), restored after.
 - compute_init(impl): all of the above for one job, and the process group under torchrun.
 - param_groups(): AdamW groups with one rule, no weight decay on any parameter with fewer than two
@@ -140,6 +141,7 @@ class Runtime:
     dist: Dist
     device: torch.device
     dtype: torch.dtype | None  # None: plain fp32
+    chunked_mlm: bool = False  # the training step's MLM loss in row chunks (impl.mlm_loss, study/model/xent.py)
 
     @property
     def autocast(self) -> Callable[[], ContextManager]:
@@ -154,7 +156,17 @@ def resolve(impl: ImplConfig, dist: Dist | None = None) -> Runtime:
     """Device and precision of `impl` on this machine, without touching any process-wide state."""
     dist = dist or Dist()
     device = resolve_device(impl.device, dist)
-    return Runtime(dist, device, resolve_precision(impl.precision, device))
+    dtype = resolve_precision(impl.precision, device)
+    return Runtime(dist, device, dtype, resolve_mlm_loss(impl.mlm_loss, device, dtype))
+
+
+def resolve_mlm_loss(choice: str, device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether the training step computes the MLM loss in row chunks. auto: on a CPU in fp32, where the
+    whole logits' passes through memory cost more than the projection (study/model/xent.py); not elsewhere:
+    on a GPU the fused kernels were not measured against it, and under autocast it would compute in fp32."""
+    if choice == "auto":
+        return device.type == "cpu" and dtype is None
+    return choice == "chunked"
 
 
 @contextlib.contextmanager

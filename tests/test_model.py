@@ -54,6 +54,69 @@ def test_sparse_head_equals_full_head_loss_and_grads():
         assert torch.allclose(gs[0][n], gs[1][n], atol=1e-5, rtol=1e-4), n
 
 
+@pytest.mark.parametrize("arch", ["post_ln", "pre_ln"])
+def test_chunked_mlm_loss_equals_torch_loss_and_grads(arch, monkeypatch):
+    """impl.mlm_loss "chunked" (study/model/xent.py): the projection and cross-entropy a few rows at a time
+    give the loss and every parameter's gradient of F.cross_entropy over the whole logits, within float
+    rounding, with and without the sentence task, for both encoder layouts; chunks of 5 rows so the batch's
+    rows span several chunks and end in a partial one."""
+    from study.model import xent
+    monkeypatch.setattr(xent, "CHUNK", 5)
+    cfg = CFG.model_copy(update={"arch": arch})
+    model = build_model(cfg, VOCAB, True, ImplConfig(), seed=6)
+    b = batch(5)
+    n = int((b["labels"] != -100).sum())
+    assert n % 5 and n > 10
+    for sentence in (True, False):
+        runs = []
+        for chunked in (False, True):
+            model.zero_grad()
+            o = pretraining_loss(model, **b, accuracy=False, n_masked=n, sentence=sentence, chunked=chunked)
+            o.loss.backward()
+            runs.append((o.loss.detach(), o.mlm_loss.detach(), grads(model), int(o.mlm_count)))
+        assert runs[0][3] == runs[1][3] == n
+        torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(runs[1][1], runs[0][1], rtol=1e-6, atol=1e-6)
+        assert runs[0][2].keys() == runs[1][2].keys()
+        for name in runs[0][2]:
+            torch.testing.assert_close(runs[1][2][name], runs[0][2][name], rtol=1e-4, atol=1e-7, msg=name)
+    # the chunk size is rounding only: 5 rows, 64 rows (one chunk here) and every row alone agree
+    h = torch.randn(23, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(40, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 40, (23,))
+    ref = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, bias), t)
+    want = torch.autograd.grad(2.5 * ref, (h, w, bias))
+    for chunk in (1, 5, 64):
+        loss = xent._LinearCrossEntropy.apply(h, w, bias, t, chunk)
+        torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
+        for got, exp in zip(torch.autograd.grad(2.5 * loss, (h, w, bias)), want):
+            torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch", ["post_ln", "pre_ln"])
+def test_decoder_input_is_the_heads_own_forward_up_to_the_projection(arch):
+    """The chunked loss re-computes the MLM head up to its decoder (study.model.bert.decoder_input): it must
+    be transformers' own head, bitwise, or a transformers release that changes the head would go unnoticed."""
+    from study.model.bert import decoder_input
+    model = build_model(CFG.model_copy(update={"arch": arch}), VOCAB, True, ImplConfig(), seed=7)
+    p = model.cls.predictions
+    x = torch.randn(9, CFG.hidden)
+    assert torch.equal(p.decoder(decoder_input(p, x)), p(x))
+
+
+def test_mlm_loss_auto_is_chunked_on_a_cpu_in_fp32_only():
+    from study.runtime import resolve, resolve_mlm_loss
+    cpu = torch.device("cpu")
+    assert resolve(ImplConfig(device="cpu")).chunked_mlm is True
+    assert resolve(ImplConfig(device="cpu", mlm_loss="torch")).chunked_mlm is False
+    assert resolve_mlm_loss("auto", cpu, torch.bfloat16) is False
+    assert resolve_mlm_loss("auto", torch.device("cuda"), None) is False
+    assert resolve_mlm_loss("chunked", torch.device("cuda"), torch.bfloat16) is True
+    with pytest.raises(ValueError, match="mlm_loss"):
+        ImplConfig(mlm_loss="fused")
+
+
 def test_host_counts_give_the_boolean_index_loss_and_grads_bitwise():
     """The training step passes n_masked and `sentence` from the host (no device read on a GPU): the sorted
     row selection must pick the same rows in the same order as the boolean index, so nothing changes."""

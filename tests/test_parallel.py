@@ -90,6 +90,26 @@ def test_jobs_two_gives_the_runs_of_jobs_one(project: Path, capsys):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-4), key
 
 
+def test_jobs_start_the_longest_runs_first(project: Path, monkeypatch):
+    """--jobs N hands the runs to the workers in order of training FLOPs, the largest first (a 2-layer run
+    before 1-layer ones, a higher masking rate before a lower; ties in spec order), so that the longest run
+    does not start last beside an idle core; --jobs 1 keeps the spec's order."""
+    import study.parallel
+    (project / "order.yaml").write_text(SPEC.replace("name: par", "name: order").replace(
+        "factors:\n  objective.sentence: [nsp, none]",
+        "runs:\n  - {label: low, set: {masking.rate: 0.1}}\n  - {label: deep, set: {model.layers: 2}}\n"
+        "  - {label: high, set: {masking.rate: 0.5}}\n  - {label: base}"))
+    seen = {}
+
+    def record(fn, items, jobs, stop_timeout=300.0):
+        seen[jobs] = [run.label for run, _ in items]
+        return iter(())
+    monkeypatch.setattr(study.parallel, "run_all", record)
+    for jobs in ("2", "1"):
+        assert main(["pretrain", "order.yaml", "--quiet", "--jobs", jobs]) == 0
+    assert seen == {2: ["deep", "high", "base", "low"], 1: ["low", "deep", "high", "base"]}
+
+
 def test_jobs_threads_and_bad_values():
     cfg = RunConfig()
     assert with_threads(cfg, 1) is cfg                          # one job: nothing changes

@@ -461,8 +461,9 @@ def test_divergence_between_syncs_is_found_at_the_next_and_nothing_of_it_is_save
 
 # --------------------------------------------------------------------------- impl is speed-only
 def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
-    """sparse/full head x eager/SDPA attention (and a prefetch worker), and fused vs looped AdamW, give the
-    same training curve; all share one run hash because impl is not semantic."""
+    """sparse/full head x eager/SDPA attention (and a prefetch worker), fused vs looped AdamW, and the MLM
+    loss in row chunks vs over the whole logits give the same training curve; all share one run hash
+    because impl is not semantic."""
     curves, hashes, evals, layout_of = {}, set(), {}, {}
     for sparse in (True, False):
         for attn in ("eager", "sdpa"):
@@ -479,6 +480,12 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     m = train_run(cfg, lay, quiet=True)
     hashes.add(cfg.run_hash())
     curves["loop"], evals["loop"] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
+    # the MLM loss over the whole logits instead of in row chunks (impl.mlm_loss auto is chunked on a CPU)
+    cfg = make_cfg(corpus, train__amount=20, impl__mlm_loss="torch")
+    lay = layout_of["torch-xent"] = layout("torch-xent")
+    m = train_run(cfg, lay, quiet=True)
+    hashes.add(cfg.run_hash())
+    curves["torch-xent"], evals["torch-xent"] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
     assert len(hashes) == 1
     base = curves[(True, "eager")]
     assert len(base) == 20 and base[-1] < base[0]

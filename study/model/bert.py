@@ -9,7 +9,10 @@ projection) runs only on the positions that carry a label, as in original BERT /
 academic-budget-bert; the vocab projection over every position is the single largest matmul
 of a small BERT, and 85% of its output would be thrown away.
 
-A second speed trick, for training on CPU: `use_bits_dropout` swaps the keep-mask draw of every
+On a CPU the training step also computes that projection and its cross-entropy a few rows at a time
+(`chunked=True`, `impl.mlm_loss`; study/model/xent.py): same loss within float rounding.
+
+A third speed trick, for training on CPU: `use_bits_dropout` swaps the keep-mask draw of every
 dropout (hidden and attention probabilities) for one that reads 32 random bits per element from whole
 64-bit words. Same Bernoulli(1 - p) masks and the same arithmetic as torch's dropout; only the random
 stream that picks them differs (tests/test_model.py).
@@ -26,7 +29,8 @@ from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
-from study.model.preln import PreLNForPreTraining, preln_config
+from study.model.preln import PreLNForPreTraining, lm_head_features, preln_config
+from study.model.xent import linear_cross_entropy
 
 IGNORE = -100
 PAD_ID = 0  # the [PAD] id of every tokenizer study/data/tokenizer.py trains
@@ -84,7 +88,7 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
                      token_type_ids: torch.Tensor, labels: torch.Tensor,
                      sentence_label: torch.Tensor | None = None, *, sparse: bool = True,
                      accuracy: bool = True, n_masked: int | None = None, sentence: bool | None = None,
-                     hidden: bool = False) -> LossOut:
+                     hidden: bool = False, chunked: bool = False) -> LossOut:
     """MLM (+ NSP/SOP when `sentence_label` has entries >= 0) loss of one batch.
 
     The MLM loss is the mean over masked tokens of the batch in both modes, so sparse and
@@ -97,6 +101,8 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
     stable sort instead of a boolean index (the same rows in the same order, so the same loss and gradients);
     `sentence` says whether any sentence label is >= 0. Left None, both are read from the tensors.
     `hidden=True` (evaluation) also returns the encoder's output rows the MLM head read at the asked positions.
+    `chunked=True` (the training step on a CPU, `impl.mlm_loss`) with `n_masked` and `accuracy=False`: the
+    vocabulary projection and its loss a few rows at a time (study/model/xent.py); the logits never exist.
     """
     out = model.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
     seq, pooled = out[0], out[1]
@@ -105,8 +111,11 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         flat = labels.flatten()
         rows = torch.argsort((flat == IGNORE).to(torch.int8), stable=True)[:n_masked]  # masked, in order
         asked = seq.flatten(0, 1).index_select(0, rows)
-        logits = heads.predictions(asked)
         target = flat.index_select(0, rows)
+        if chunked and not accuracy:
+            return _chunked_loss(model, heads, pooled, asked, target, sentence_label, sentence,
+                                 asked if hidden else None)
+        logits = heads.predictions(asked)
     elif sparse:
         sel = labels != IGNORE
         asked = seq[sel]
@@ -135,6 +144,30 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         hits = hits[valid]   # the full head scored every position: keep the asked ones, as the sparse head
     return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits,
                    asked if hidden else None)
+
+
+def decoder_input(predictions: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The MLM head up to its vocabulary projection (`predictions.decoder`): BERT's transform (dense, act,
+    LayerNorm) or the pre-LN head's dense, gelu, LayerNorm. `predictions.decoder(decoder_input(p, x))` is
+    `p(x)` bitwise (tests/test_model.py)."""
+    if hasattr(predictions, "transform"):
+        return predictions.transform(x)
+    return lm_head_features(predictions, x)
+
+
+def _chunked_loss(model, heads, pooled, asked, target, sentence_label, sentence, hidden) -> LossOut:
+    """pretraining_loss's training path with the projection and loss computed in row chunks (no accuracy)."""
+    dec = heads.predictions.decoder
+    mlm_loss = linear_cross_entropy(decoder_input(heads.predictions, asked), dec.weight, dec.bias, target)
+    count = target.new_full((), target.shape[0])
+    loss, s_loss = mlm_loss, None
+    if sentence is None:
+        sentence = sentence_label is not None and bool((sentence_label >= 0).any())
+    if sentence:
+        s_loss = F.cross_entropy(heads.seq_relationship(pooled).float(), sentence_label.long(), ignore_index=-1)
+        loss = mlm_loss + s_loss
+    zero = count.new_zeros(())
+    return LossOut(loss, mlm_loss, s_loss, zero, count, zero if sentence else None, 0, None, hidden)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float,

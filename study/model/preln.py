@@ -34,6 +34,7 @@ from transformers.models.roberta_prelayernorm.modeling_roberta_prelayernorm impo
     RobertaPreLayerNormLMHead,
     RobertaPreLayerNormModel,
     RobertaPreLayerNormPreTrainedModel,
+    gelu,
 )
 
 from study.config import ImplConfig, ModelConfig
@@ -53,6 +54,12 @@ def preln_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig, pad_id: in
     )
     conf._attn_implementation = impl.attention
     return conf
+
+
+def lm_head_features(lm_head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RobertaPreLayerNormLMHead.forward up to its decoder (dense, gelu, LayerNorm): what the chunked MLM
+    loss projects (study/model/xent.py). Checked against the head's own forward in tests/test_model.py."""
+    return lm_head.layer_norm(gelu(lm_head.dense(x)))
 
 
 class PreTrainingHeads:

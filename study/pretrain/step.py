@@ -93,11 +93,12 @@ class LossModule(nn.Module):
 
     `compile`: the encoder runs through torch.compile (impl.compile, with impl.pad_to="max"). The compiled
     wrapper is kept outside the module tree, so parameters, state_dict and DDP see the model alone, and
-    evaluation (which calls the model itself) stays eager."""
+    evaluation (which calls the model itself) stays eager. `chunked`: the runtime's choice of MLM loss
+    (Runtime.chunked_mlm, impl.mlm_loss)."""
 
-    def __init__(self, model, sparse: bool, compile: bool = False):
+    def __init__(self, model, sparse: bool, compile: bool = False, chunked: bool = False):
         super().__init__()
-        self.model, self.sparse = model, sparse
+        self.model, self.sparse, self.chunked = model, sparse, chunked
         object.__setattr__(self, "_runs", _CompiledEncoder(model) if compile else model)
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels, sentence_label, w_mlm, w_sent,
@@ -105,7 +106,8 @@ class LossModule(nn.Module):
         # the part's counts are host ints: the loss then reads nothing back from the device
         out = pretraining_loss(self._runs, input_ids, attention_mask, token_type_ids, labels,
                                sentence_label, sparse=self.sparse, accuracy=False, n_masked=n_mlm,
-                               sentence=sentence_label is not None and n_sent > 0)
+                               sentence=sentence_label is not None and n_sent > 0,
+                               chunked=self.chunked and self.sparse)
         zero = out.mlm_loss.new_zeros(())
         mlm = out.mlm_loss * w_mlm if w_mlm is not None else zero  # None: nothing masked here (NaN mean)
         sent = out.sentence_loss * w_sent if out.sentence_loss is not None else zero

@@ -263,7 +263,8 @@ class Trainer:
         # one "start" line per session: where it began (search.py counts the tokens a session trained)
         self._event({"event": "start", "session": self.state.sessions, "tokens": self.state.tokens,
                      "resumed": self.state.step > 0, "world_size": dist.world, "device": str(device)})
-        self.step_module = LossModule(self.model, cfg.impl.sparse_head, compile=cfg.impl.compile)
+        self.step_module = LossModule(self.model, cfg.impl.sparse_head, compile=cfg.impl.compile,
+                                      chunked=self.rt.chunked_mlm)
         if dist.on:
             self.step_module = DDP(self.step_module, device_ids=[device.index] if device.type == "cuda" else None,
                                    find_unused_parameters=cfg.objective.sentence == "none")

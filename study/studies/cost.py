@@ -69,6 +69,22 @@ def planned_tokens(cfg: RunConfig) -> int | None:
     return None
 
 
+def training_flops(cfg: RunConfig) -> float:
+    """Model FLOPs the budget trains (study.model.model_flops_per_token over each phase's token slots; None
+    budget in seconds: that amount). Used to start a study's runs longest first (`--jobs N`), so that the
+    longest ones do not start last and leave cores idle at the end: an order, not a time."""
+    from study.model import model_flops_per_token
+    t = cfg.train
+    if planned_steps(cfg) is None:
+        return float(t.amount)
+    total = 0.0
+    for share, c in _phases(cfg):
+        steps = share * t.amount if t.budget == "steps" else share * t.amount / _slots(c)
+        seq = c.objective.max_seq_len
+        total += steps * _slots(c) * model_flops_per_token(c.model, seq, c.tokenizer.vocab_size, c.masking.rate * seq)
+    return total
+
+
 def param_count(cfg: RunConfig) -> int:
     """Encoder + pooler parameters of the BERT this config builds (the MLM head's decoder is tied)."""
     m, v = cfg.model, cfg.tokenizer.vocab_size
@@ -131,7 +147,7 @@ def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
     with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
         model, _ = build_training_model(cfg, cfg.tokenizer.vocab_size, rt.device)
         opt, fused = make_optimizer(cfg, model, rt.device)
-        module, parts = LossModule(model, cfg.impl.sparse_head), _synthetic_parts(cfg)
+        module, parts = LossModule(model, cfg.impl.sparse_head, chunked=rt.chunked_mlm), _synthetic_parts(cfg)
         times = []
         for _ in range(n):
             device_sync(rt.device)
@@ -305,7 +321,8 @@ def study_finetune_seconds(runs, layout, jobs: int = 1) -> tuple[dict[str, float
 
 def makespan(seconds: list[float], jobs: int) -> float:
     """Wall time of independent jobs on `jobs` workers that each take the next one when free, longest
-    first (what `--jobs` does with a study's runs, which start in spec order: a plan, not a promise)."""
+    first (what `--jobs` does with a study's runs, which start in order of training_flops: a plan, not a
+    promise)."""
     free = [0.0] * max(1, jobs)
     for t in sorted(seconds, reverse=True):
         i = free.index(min(free))
