@@ -112,10 +112,8 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         rows = torch.argsort((flat == IGNORE).to(torch.int8), stable=True)[:n_masked]  # masked, in order
         asked = seq.flatten(0, 1).index_select(0, rows)
         target = flat.index_select(0, rows)
-        if chunked and not accuracy:
-            return _chunked_loss(model, heads, pooled, asked, target, sentence_label, sentence,
-                                 asked if hidden else None)
-        logits = heads.predictions(asked)
+        # chunked: the projection and its loss in row chunks (no logits, so no accuracy)
+        logits = None if chunked and not accuracy else heads.predictions(asked)
     elif sparse:
         sel = labels != IGNORE
         asked = seq[sel]
@@ -125,7 +123,11 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         logits = heads.predictions(seq).flatten(0, 1)   # [B*L, vocab]
         target = labels.flatten()
         asked = seq[labels != IGNORE] if hidden else None
-    mlm_loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE)
+    if logits is None:
+        dec = heads.predictions.decoder
+        mlm_loss = linear_cross_entropy(decoder_input(heads.predictions, asked), dec.weight, dec.bias, target)
+    else:
+        mlm_loss = F.cross_entropy(logits.float(), target, ignore_index=IGNORE)
     valid = target != IGNORE
     hits = (logits.argmax(-1) == target) & valid if accuracy else None
     mlm_correct = hits.sum() if accuracy else valid.new_zeros(())
@@ -153,21 +155,6 @@ def decoder_input(predictions: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     if hasattr(predictions, "transform"):
         return predictions.transform(x)
     return lm_head_features(predictions, x)
-
-
-def _chunked_loss(model, heads, pooled, asked, target, sentence_label, sentence, hidden) -> LossOut:
-    """pretraining_loss's training path with the projection and loss computed in row chunks (no accuracy)."""
-    dec = heads.predictions.decoder
-    mlm_loss = linear_cross_entropy(decoder_input(heads.predictions, asked), dec.weight, dec.bias, target)
-    count = target.new_full((), target.shape[0])
-    loss, s_loss = mlm_loss, None
-    if sentence is None:
-        sentence = sentence_label is not None and bool((sentence_label >= 0).any())
-    if sentence:
-        s_loss = F.cross_entropy(heads.seq_relationship(pooled).float(), sentence_label.long(), ignore_index=-1)
-        loss = mlm_loss + s_loss
-    zero = count.new_zeros(())
-    return LossOut(loss, mlm_loss, s_loss, zero, count, zero if sentence else None, 0, None, hidden)
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float,
