@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/data.py
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/mlm_loss.py
 	$(BIN)/python bench/search.py
 
 # DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs, and

@@ -60,6 +60,7 @@ def test_plan_json_has_tokens_and_both_times(spec, tmp_path, capsys):
     assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert "min wall (" in out and "2 at a time" in out and "contention not modelled" in out
+    assert "\nin all: ~0 h 0" in out and "min wall (the two above" in out
     assert main(["--results", str(tmp_path / "r"), "plan", str(spec), "--jobs", "0"]) == 2
 
 
