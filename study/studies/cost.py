@@ -44,6 +44,11 @@ def _phases(cfg: RunConfig) -> list[tuple[float, RunConfig]]:
     return [(1.0, cfg)] if short is None else [(cfg.train.short_fraction, short), (1 - cfg.train.short_fraction, cfg)]
 
 
+def _phase_steps(share: float, c: RunConfig, t) -> float:
+    """Optimizer steps of one phase (`_phases`) of a steps or tokens budget `t`."""
+    return share * t.amount if t.budget == "steps" else share * t.amount / _slots(c)
+
+
 def _slots(c: RunConfig) -> int:
     """Token slots of one step of `c`."""
     return c.train.batch_size * c.objective.max_seq_len
@@ -70,7 +75,7 @@ def planned_tokens(cfg: RunConfig) -> int | None:
 
 
 def training_flops(cfg: RunConfig) -> float:
-    """Model FLOPs the budget trains (study.model.model_flops_per_token over each phase's token slots; None
+    """Model FLOPs the budget trains (study.model.model_flops_per_token over each phase's token slots; a
     budget in seconds: that amount). Used to start a study's runs longest first (`--jobs N`), so that the
     longest ones do not start last and leave cores idle at the end: an order, not a time."""
     from study.model import model_flops_per_token
@@ -79,9 +84,9 @@ def training_flops(cfg: RunConfig) -> float:
         return float(t.amount)
     total = 0.0
     for share, c in _phases(cfg):
-        steps = share * t.amount if t.budget == "steps" else share * t.amount / _slots(c)
         seq = c.objective.max_seq_len
-        total += steps * _slots(c) * model_flops_per_token(c.model, seq, c.tokenizer.vocab_size, c.masking.rate * seq)
+        per_token = model_flops_per_token(c.model, seq, c.tokenizer.vocab_size, c.masking.rate * seq)
+        total += _phase_steps(share, c, t) * _slots(c) * per_token
     return total
 
 
@@ -106,8 +111,7 @@ def estimate_seconds(cfg: RunConfig) -> float:
                c.train.batch_size, t.grad_accum, t.clip, c.masking.rate, c.impl.model_dump_json())
         if key not in _STEP_TIMES:
             _STEP_TIMES[key] = time_pretrain_step(c)
-        n = share * t.amount if t.budget == "steps" else share * t.amount / _slots(c)
-        total += _STEP_TIMES[key] * n
+        total += _STEP_TIMES[key] * _phase_steps(share, c, t)
     return total
 
 
