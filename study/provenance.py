@@ -16,20 +16,34 @@ PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas
 
 @functools.lru_cache(maxsize=None)
 def git_info() -> dict:
-    def git(*args: str) -> str | None:
+    def git(*args: str, cwd: Path | None = None) -> str | None:
         try:
             return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
+                                  check=True, cwd=cwd).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
-    commit = git("rev-parse", "HEAD")
-    if commit is None and (exported := archive_commit()):
+
+    def checkout(cwd: Path | None = None, **extra) -> dict | None:
+        commit = git("rev-parse", "HEAD", cwd=cwd)
+        if commit is None:
+            return None
+        status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                     *(f":(top,exclude){p}" for p in PIPELINE_WRITES), cwd=cwd)
+        return {"commit": commit, "dirty": bool(status) if status is not None else None, **extra}
+
+    if (here := checkout()) is not None:
+        return here
+    if exported := archive_commit():
         # a `git archive` copy (how long studies here run from a frozen tree): the commit it was exported
         # from; whether it was edited since is unknown
         return {"commit": exported, "dirty": None, "source": "git archive"}
-    status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                 *(f":(top,exclude){p}" for p in PIPELINE_WRITES))
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    # run from outside any checkout, with the package imported from one (an editable install): the commit
+    # of the code that ran, not of the folder it ran in
+    return checkout(PACKAGE_DIR, source="package checkout") or {"commit": None, "dirty": None}
+
+
+# the folder the package was imported from (a module attribute, so a test can point it elsewhere)
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 # `git archive` writes the commit it exports into this file (.gitattributes: export-subst); in a clone it

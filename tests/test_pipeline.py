@@ -524,6 +524,7 @@ def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)   # not a git repository
     fake = tmp_path / "COMMIT"
     monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", fake)
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path)   # nor is the package's folder
     for text, want in (("0123456789abcdef0123456789abcdef01234567\n", "0123456789abcdef0123456789abcdef01234567"),
                        ("$Format:%H$\n", None)):
         fake.write_text(text)
@@ -540,3 +541,35 @@ def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):
     out = subprocess.run("git archive HEAD study/COMMIT | tar -xO", shell=True, cwd=repo, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == head.stdout.strip()
+
+
+def test_run_outside_a_checkout_names_the_package_commit(tmp_path, monkeypatch):
+    """Run from a folder that is no git repository, with the package imported from a checkout (an editable
+    install; a `git archive` copy sharing another checkout's virtualenv): provenance names the commit of the
+    code that ran, and whether it was edited, instead of `commit: null`."""
+    import subprocess
+
+    from study import provenance
+    repo = tmp_path / "checkout"
+    (repo / "study").mkdir(parents=True)
+    (repo / "study" / "x.py").write_text("0\n")
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    elsewhere = tmp_path / "copy"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)   # not a git repository
+    placeholder = tmp_path / "COMMIT"
+    placeholder.write_text("$Format:%H$\n")   # the package's own COMMIT file, unexpanded as in a checkout
+    monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", placeholder)
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", repo / "study")
+    provenance.git_info.cache_clear()
+    info = provenance.git_info()
+    assert info == {"commit": git("rev-parse", "HEAD"), "dirty": False, "source": "package checkout"}
+    (repo / "study" / "x.py").write_text("1\n")
+    provenance.git_info.cache_clear()
+    assert provenance.git_info()["dirty"] is True
+    provenance.git_info.cache_clear()
