@@ -14,6 +14,10 @@ PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas
             "seaborn", "matplotlib", "dvc", "pydantic", "jinja2", "gensim", "pysbd", "scikit-learn", "scipy")
 
 
+# the folder the package was imported from (module attributes, so a test can point them elsewhere)
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
 @functools.lru_cache(maxsize=None)
 def git_info() -> dict:
     def git(*args: str, cwd: Path | None = None) -> str | None:
@@ -42,13 +46,9 @@ def git_info() -> dict:
     return checkout(PACKAGE_DIR, source="package checkout") or {"commit": None, "dirty": None}
 
 
-# the folder the package was imported from (a module attribute, so a test can point it elsewhere)
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
 # `git archive` writes the commit it exports into this file (.gitattributes: export-subst); in a clone it
 # holds the unexpanded placeholder, which is not a commit.
-ARCHIVE_COMMIT = Path(__file__).with_name("COMMIT")
+ARCHIVE_COMMIT = PACKAGE_DIR / "COMMIT"
 
 
 def archive_commit() -> str | None:
