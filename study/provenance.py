@@ -14,7 +14,8 @@ PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas
             "seaborn", "matplotlib", "dvc", "pydantic", "jinja2", "gensim", "pysbd", "scikit-learn", "scipy")
 
 
-# the folder the package was imported from (module attributes, so a test can point them elsewhere)
+# the folder the package was imported from; a module attribute, as ARCHIVE_COMMIT below, so a test can
+# point either elsewhere
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 

@@ -268,6 +268,25 @@ def test_cross_field_rules_are_caught_by_validate(tmp_path, capsys, case):
     assert f"{field}:" in err and "(in run 'odd')" in err, err
 
 
+WRONG_TYPE = {  # a value of the wrong type: pydantic names the type it wanted; validate adds the field's range
+    "int": ("defaults:\n  model: {layers: two}", "model.layers", "an integer >= 1 and <= 48"),
+    "float": ("defaults:\n  train: {lr: fast}", "train.lr", "a number > 0 and <= 1"),
+    "bool": ("defaults:\n  masking: {dynamic: maybe}", "masking.dynamic", "true or false"),
+    "optional": ("defaults:\n  finetune: {max_train_examples: lots}", "finetune.max_train_examples",
+                 "an integer >= 1, or null"),
+    "factor_level": ("factors:\n  model.layers: [2, four]", "model.layers", "an integer >= 1 and <= 48"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_TYPE))
+def test_a_wrong_type_names_what_the_field_allows(tmp_path, capsys, case):
+    text, field, allowed = WRONG_TYPE[case]
+    path = write(tmp_path, f"name: t\n{text}\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}:" in err and f"(allowed: {allowed})" in err, err
+
+
 def test_build_run_config_is_what_load_study_builds(tmp_path):
     """The one construction of a run from a spec (search trials use it too): same config, same hash."""
     from study.studies.spec import build_run_config

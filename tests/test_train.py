@@ -27,6 +27,7 @@ from study.pretrain.checkpoint import read_checkpoint
 from study.pretrain.evaluate import short_reference_set
 from study.pretrain.schedule import lr_curve
 from study.pretrain.trainer import NAN_ENV, main, train_run
+from study.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -486,6 +487,9 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     m = train_run(cfg, lay, quiet=True)
     hashes.add(cfg.run_hash())
     curves["torch-xent"], evals["torch-xent"] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
+    # meta.json names the kernel that ran: "auto" resolves to chunked on a CPU in fp32
+    assert RunDir(lay, cfg.run_hash()).meta()["mlm_loss"] == "torch"
+    assert RunDir(layout_of[(True, "eager")], cfg.run_hash()).meta()["mlm_loss"] == "chunked"
     assert len(hashes) == 1
     base = curves[(True, "eager")]
     assert len(base) == 20 and base[-1] < base[0]

@@ -60,6 +60,7 @@ from study.model.bert import build_model
 from study.model.load import load_pretrained
 from study.paths import Layout
 from study.provenance import provenance
+from study.rundir import RunDir
 from study.runtime import Runtime, resolve, threads
 
 # --------------------------------------------------------------------------- keys and paths
@@ -70,10 +71,11 @@ def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mod
 # --------------------------------------------------------------------------- public API
 def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
     """Fine-tune (and probe) the pre-trained model of `cfg` on every task x seed of cfg.finetune."""
-    model_dir = layout.run_dir(cfg.run_hash()) / "model"
+    run = RunDir(layout, cfg.run_hash())
+    model_dir = run.model_dir
 
     def load() -> Encoder:
-        if not (model_dir / "config.json").is_file():
+        if not run.has_model():
             raise StudyError(f"no pre-trained model at {model_dir}; run `study pretrain` first",
                              field="run", source=str(model_dir))
         tok = _load_tokenizer(model_dir)
@@ -87,7 +89,7 @@ def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[di
 
 def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
     """The same architecture with random (seeded) weights, the same recipe; init "random"."""
-    model_dir = layout.run_dir(cfg.run_hash()) / "model"
+    model_dir = RunDir(layout, cfg.run_hash()).model_dir
 
     def load() -> Encoder:
         if (model_dir / "tokenizer.json").is_file():

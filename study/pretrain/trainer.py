@@ -482,6 +482,7 @@ class Trainer:
                 "precision": str(dtype),
                 "impl": cfg.impl.model_dump(mode="json"),
                 "dropout_masks": self.dropout_masks,
+                "mlm_loss": "chunked" if self.rt.chunked_mlm else "torch",  # what impl.mlm_loss resolved to
                 "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
             })
             rd.write_status("done", None, st.step)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -194,7 +195,8 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def pydantic_error(err: ValidationError, source: str, prefix: str = "") -> StudyError:
+def pydantic_error(err: ValidationError, source: str, prefix: str = "",
+                   model: type[BaseModel] | None = None) -> StudyError:
     """The first error of a pydantic validation as a StudyError naming the dotted field and what is allowed."""
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -216,6 +218,8 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "") -> Study
         allowed = " ".join(f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX if c in e["ctx"])
     elif e["type"] not in (CROSS_FIELD, "missing") and "input" in e and not isinstance(e["input"], dict):
         msg = f"got {short(e['input'])}: {msg}"  # bounded: the input may be a whole (aliased) subtree
+        if e["type"].endswith(_TYPE_ERRORS):  # pydantic names the type it wanted, not the field's range
+            allowed = accepts(model, [p for p in e["loc"] if not str(p).startswith("function-")])
     if set(str(p) for p in e["loc"]) & _SEED_FIELDS:
         allowed = SEEDS_ALLOWED
     return StudyError(msg, field=loc or None, allowed=allowed, source=source)
@@ -224,6 +228,30 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "") -> Study
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 _BOUND_CTX = (("greater_than", "gt"), ("greater_than_equal", "ge"), ("less_than", "lt"), ("less_than_equal", "le"))
 _SEED_FIELDS = {"seed", "seeds", "split_seed", "best_seeds"}
+_TYPE_ERRORS = ("_parsing", "_type", "_from_float")
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def accepts(model: type[BaseModel] | None, loc: list) -> str | None:
+    """What the field at `loc` of `model` accepts, from its annotation and bounds (\"an integer >= 1 and
+    <= 48\"); None where the path leaves the models or the type is not a plain scalar."""
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not isinstance(fields, dict) or str(part) not in fields:
+            return None
+        info = fields[str(part)]
+        model = info.annotation
+    if info is None:
+        return None
+    args = [a for a in typing.get_args(info.annotation) if a is not type(None)]
+    optional = len(args) == 1 and type(None) in typing.get_args(info.annotation)
+    kind = _KINDS.get(args[0] if optional else info.annotation)
+    if kind is None:
+        return None
+    bounds = [f"{_BOUNDS[t]} {getattr(m, c)}" for m in info.metadata for t, c in _BOUND_CTX if hasattr(m, c)]
+    text = kind + (" " + " and ".join(bounds) if bounds else "")
+    return text + (", or null" if optional else "")
 
 
 def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source: str) -> RunConfig:
@@ -240,7 +268,7 @@ def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source
     try:
         cfg = RunConfig.model_validate(tree)
     except ValidationError as err:
-        raise pydantic_error(err, source) from None
+        raise pydantic_error(err, source, model=RunConfig) from None
     return with_fingerprint(cfg, source)  # the corpus contents enter the run hash; a missing source fails here
 
 
@@ -301,7 +329,7 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
     try:
         spec = SpecFile.model_validate(raw)
     except ValidationError as err:
-        raise pydantic_error(err, str(path)) from None
+        raise pydantic_error(err, str(path), model=SpecFile) from None
     _reject_resolved_keys(spec, str(path))
     defaults: dict = {}
     profiles: dict = {}
