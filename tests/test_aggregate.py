@@ -4,10 +4,13 @@ The statistics themselves are checked against scipy in tests/test_stats.py."""
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
-from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, interpret
+from study.report import stats as S
+
+from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, compare, interpret, summarize
 from study.paths import Layout
 
 
@@ -16,7 +19,10 @@ def test_wording():
     assert NOISE_WORDS in interpret(3, -0.1, 0.3, 0.4)
     assert interpret(5, 0.1, 0.3, 0.01, "nsp", "none").startswith("none higher than nsp")
     assert interpret(5, -0.3, -0.1, 0.01, "nsp", "none").startswith("none lower than nsp")
-    assert interpret(3, 0.0, 0.0, 1.0) == "equal in every seed (n=3)"  # not "noise"
+    assert interpret(3, 0.0, 0.0, 1.0) == "no difference in any seed (n=3)"  # not "noise"
+    nan = float("nan")
+    assert interpret(3, nan, nan, nan, method=S.SAME_DIFF) == ("the same difference in every seed (n=3): "
+                                                               "no test of seed noise")
     # the smoke report's n=2 "interval excluding 0 read as noise": now no interval and no direction
     assert interpret(2, -0.081, -0.001, 0.04) == f"n=2: {TOO_FEW_WORDS}"
     assert interpret(2, float("nan"), float("nan"), float("nan")) == f"n=2: {TOO_FEW_WORDS}"
@@ -78,7 +84,10 @@ def test_comparisons_one_rule_holm_and_primary(tmp_path):
     assert len(cost) and (cost["correction"] == "none (cost metric)").all()
     fam = c[c["correction"].str.startswith("Holm")]
     m = len(fam)
-    assert m == len(c) - 1 - len(cost) and (fam["correction"] == f"Holm over {m}").all()
+    # ref_ppl differs by exactly 10 in every seed in the fixture: no test, so not in the family
+    untested = c[c["correction"] == "none (no test)"]
+    assert list(untested["metric"]) == ["ref_ppl"] and np.isnan(untested["p_adjusted"]).all()
+    assert m == len(c) - 1 - len(cost) - len(untested) and (fam["correction"] == f"Holm over {m}").all()
     assert np.allclose(fam["p_adjusted"], S.holm(fam["p_value"]))
     assert np.allclose(1 - fam["ci_level"], S.holm_levels(fam["p_value"]))
     tested = c[np.isfinite(c["p_value"]) & (c["ci_low"] != c["ci_high"])]
@@ -205,3 +214,73 @@ def test_study_metrics_file_for_dvc(tmp_path):
     assert m["runs"] == {"total": 4, "done": 4, "not_beyond_mode": 0}
     assert m["answer"]["a"] == "nsp" and m["answer"]["n"] == 2 and m["answer"]["diff"] == pytest.approx(0.0)
     assert set(m["primary"]) == {"objective.sentence=nsp", "objective.sentence=none"}
+
+
+def _tidy(metric_values: dict, fac: str = "objective.sentence") -> pd.DataFrame:
+    """Pre-trained tidy rows: {metric: {level: {pretrain seed: value}}}, one fine-tune seed each."""
+    rows = [{"run_hash": f"{lv}{seed}", "source_key": f"{lv}{seed}", "label": lv, "status": "done",
+             "pretrain_seed": seed, "finetune_seed": 0, "task": "SST-2", "mode": "finetune", "init": "pretrained",
+             "metric": metric, "value": v, fac: lv}
+            for metric, levels in metric_values.items() for lv, per in levels.items() for seed, v in per.items()]
+    return pd.DataFrame(rows)
+
+
+SPEC = {"factor": "objective.sentence", "a": "nsp", "b": "none"}
+
+
+def test_same_difference_in_every_seed_is_not_beyond_seed_noise(tmp_path):
+    """Accuracy on a dev set of N examples moves in steps of 1/N: three seeds can each gain exactly 2/N.
+    sd = 0 gave p = 0 ("none higher than nsp beyond seed noise" at n=3, passing any Holm level); now it
+    is no test: NaN p, no interval, no MDE, not in the Holm family, and the words say why."""
+    nsp = {0: 0.70, 1: 0.74, 2: 0.71}
+    t = _tidy({"accuracy": {"nsp": nsp, "none": {s: v + 2 / 87 for s, v in nsp.items()}},
+               "f1": {"nsp": nsp, "none": {0: 0.75, 1: 0.76, 2: 0.78}},
+               "mcc": {"nsp": nsp, "none": {0: 0.77, 1: 0.74, 2: 0.76}}})
+    c = compare(t, SPEC, ("SST-2", "finetune", "f1")).set_index("metric")
+    r = c.loc["accuracy"]
+    assert np.isnan(r["p_value"]) and np.isnan(r["p_adjusted"]) and np.isnan(r["ci_low"]) and np.isnan(r["mde"])
+    assert r["diff"] == pytest.approx(2 / 87) and r["n"] == 3 and r["correction"] == "none (no test)"
+    assert r["interpretation"] == "the same difference in every seed (n=3): no test of seed noise"
+    assert c.loc["mcc", "correction"] == "Holm over 1"   # the untested row does not count in m
+    # the fixture's ref_ppl (exactly +10 in every seed) renders its p as a dash, not "< 0.001"
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    from study.report.render import _comparison_rows, load_study_dir
+    _, _, out = rf.build(tmp_path, "nsp", failures=False)
+    row = next(x for x in _comparison_rows(load_study_dir(out)) if x["metric"] == "ref_ppl")
+    assert row["p"] == row["p_adj"] == "–" and "beyond seed noise" not in row["interpretation"]
+
+
+def test_seeds_one_level_lacks_are_counted_and_said():
+    """Pairing uses the seeds both levels have; n_a and n_b say how many each has, and the words say
+    "(paired on k of m seeds)" when a seed was dropped. summarize's n counts the finite units it uses."""
+    t = _tidy({"accuracy": {"nsp": {0: 0.70, 1: 0.72, 2: 0.71, 3: 0.69},
+                            "none": {0: 0.73, 1: 0.74, 2: 0.76, 3: float("nan")}}})
+    r = compare(t, SPEC, ("SST-2", "finetune", "accuracy")).iloc[0]
+    assert (r["n"], r["n_a"], r["n_b"]) == (3, 4, 3)
+    assert r["interpretation"].endswith("(paired on 3 of 4 seeds)"), r["interpretation"]
+    full = _tidy({"accuracy": {"nsp": {0: 0.70, 1: 0.72, 2: 0.71}, "none": {0: 0.73, 1: 0.74, 2: 0.76}}})
+    r = compare(full, SPEC, ("SST-2", "finetune", "accuracy")).iloc[0]
+    assert (r["n"], r["n_a"], r["n_b"]) == (3, 3, 3) and "paired on" not in r["interpretation"]
+    s = summarize(t, ["objective.sentence"]).set_index("objective.sentence")
+    assert s.loc["none", "n"] == 3 and s.loc["nsp", "n"] == 4   # the NaN unit is not counted
+
+
+def test_mde_at_the_alpha_its_row_is_tested_at(tmp_path):
+    """A secondary row is tested at its Holm level, so its MDE is computed at that alpha (larger than
+    at 0.05); the primary row's stays at 0.05."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    _, _, out = rf.build(tmp_path, "nsp", failures=False)
+    c = pd.read_csv(out / "comparisons.csv")
+    fam = c[c["correction"].str.startswith("Holm")]
+    assert len(fam) and (fam["ci_level"] > 0.95).all()
+    for r in fam.itertuples():
+        assert r.mde == pytest.approx(S.mde(r.sd_diff, r.n, alpha=1 - r.ci_level), rel=1e-9)
+        assert r.mde > S.mde(r.sd_diff, r.n) * 1.05
+    p = c[c["primary"]].iloc[0]
+    assert p["mde"] == pytest.approx(S.mde(p["sd_diff"], p["n"], alpha=0.05), rel=1e-9)

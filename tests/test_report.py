@@ -24,8 +24,8 @@ from study.report import references as R  # noqa: E402
 from study.errors import StudyError  # noqa: E402
 from study.config import RunConfig  # noqa: E402
 from study.paths import Layout  # noqa: E402
-from study.report.render import (load_study_dir, recipe_sentence, render_index, render_report,  # noqa: E402
-                                 search_summary)
+from study.report.render import (StudyFiles, answer_sentence, load_study_dir, provenance_section,  # noqa: E402
+                                 recipe_sentence, render_index, render_report, search_summary)
 from study.studies.spec import load_study  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,11 +243,64 @@ def test_a_run_beats_the_mode_floor_only_beyond_three_standard_errors():
     assert learned_beyond_mode(float("nan"), 0.05, 10_000) is None
 
 
-def test_answer_without_compare_names_best_level_and_noise(rendered):
-    """Multi-level studies answer with the best level, its CI, and whether other levels' CIs overlap it."""
+def test_answer_without_compare_names_best_level_and_overlap(rendered):
+    """Multi-level studies without a `compare` answer with the best level, its CI, and which other levels'
+    CIs overlap it, and say that overlap is no test: no "noise" verdict comes from separate intervals (two
+    levels whose intervals overlap can still differ beyond seed noise when paired by seed)."""
     _, html, _ = rendered("replacement")
     answer = re.search(r'id="answer">([^<]+)<', html).group(1)
-    assert "80/10/10" in answer and "95% CI" in answer and "indistinguishable from noise" in answer
+    assert "80/10/10" in answer and "95% CI" in answer and "overlaps" in answer
+    assert "not a test" in answer and "noise" not in answer
+
+
+def _answer_of(interpretation: str, gains: list[tuple[float, float]], task: str = "SST-2", **answer) -> str:
+    """The answer sentence of a two-level study compared on `task` accuracy, from tables written by hand:
+    a paired difference of +0.2 pp read as `interpretation`, MDE 5.9 pp, and one random-init row per
+    level with (gain, lower CI bound)."""
+    mode = "finetune" if task != "pretrain" else "pretrain"
+    metric = "accuracy" if task != "pretrain" else "ref_mlm_acc"
+    ans = {"a": "x", "b": "y", "diff": 0.002, "ci_low": -0.043, "ci_high": 0.047, "n": 3, "mde": 0.059,
+           "interpretation": interpretation, "mean_a": 0.61, **answer}
+    plan = {"name": "t", "runs": [], "primary_metric": f"{task}/{mode}/{metric}" if task != "pretrain" else metric,
+            "compare": {"factor": "f", "a": "x", "b": "y"}}
+    baseline = pd.DataFrame([{"task": task, "mode": mode, "metric": metric, "f": lv, "diff": g, "ci_low": lo}
+                             for lv, (g, lo) in zip("xy", gains)])
+    sf = StudyFiles(Path("."), {"plan": plan, "answer": ans}, pd.DataFrame(), pd.DataFrame(), baseline,
+                    pd.DataFrame(), pd.DataFrame(), factor_keys=["f"])
+    return answer_sentence(sf)["text"]
+
+
+def test_a_null_answer_says_how_large_a_difference_could_hide_and_whether_pretraining_shows():
+    """"No difference seen" is given with the smallest difference the study could detect; and where no
+    pre-trained level beats random init on the answer's task, the answer says the task may not see
+    pre-training at all. Neither clause appears where it does not apply."""
+    noise = _answer_of("indistinguishable from noise at n=3 seeds", [(-0.031, -0.06), (0.005, -0.02)])
+    assert noise.startswith("y minus x (f) on SST-2 finetune accuracy: +0.2 pp, 95% CI [-4.3, +4.7], n=3 seeds: "
+                            "indistinguishable from noise; it could detect only differences of ≥ 5.9 pp")
+    assert "no pre-trained level beats random init on it beyond seed noise (gains -3.1 pp to +0.5 pp, see What pre-training bought)" in noise
+    beyond = _answer_of("y higher than x beyond seed noise at n=3 seeds", [(0.08, 0.03), (0.09, 0.04)])
+    assert "could detect" not in beyond and "random init" not in beyond
+    # one level beating random init is enough for the downstream task to see pre-training
+    assert "random init" not in _answer_of("indistinguishable from noise", [(-0.01, -0.03), (0.04, 0.01)])
+    # the same difference in every seed: no test, so neither an interval nor a direction
+    same = _answer_of("the same difference in every seed (n=3): no test of seed noise", [(0.08, 0.03)],
+                      ci_low=float("nan"), ci_high=float("nan"))
+    assert same.endswith("+0.2 pp, n=3 seeds: the same difference in every seed (n=3): no test of seed noise; "
+                         "no direction is claimed.") and "CI" not in same
+    # a pre-training metric has no random-init comparison to make
+    assert "random init" not in _answer_of("indistinguishable from noise", [(-0.01, -0.03)], task="pretrain")
+
+
+def test_runs_without_a_commit_are_a_provenance_warning(rendered):
+    """A run that recorded no commit cannot be traced to code: the report says so in red, not as a
+    quiet "unknown" line; runs that all recorded one get no warning."""
+    prov = {h: {"provenance": {"git": {"commit": c, "dirty": False}}} for h, c in (("a", "abc"), ("b", None))}
+    sf = StudyFiles(Path("."), {"plan": {"name": "t"}, "provenance": prov}, *(pd.DataFrame(),) * 5)
+    assert provenance_section(sf)["uncommitted"].startswith("1 of 2 runs record no code commit")
+    sf.study["provenance"]["b"]["provenance"]["git"]["commit"] = "abd"
+    assert provenance_section(sf)["uncommitted"] is None
+    _, html, _ = rendered("nsp")   # the fixtures' runs record a commit
+    assert 'id="provenance-warning"' not in html and 'id="glossary"' in html
 
 
 def test_labels_and_errors_are_escaped(rendered):
@@ -340,13 +393,21 @@ runs:
     plan = load_study(spec).plan_dict(Layout(root=tmp_path / "results"))
     text = recipe_sentence(plan)
     assert "a pre-LN encoder of" in text and "rows of 64 tokens" in text
-    assert "weights initialised with SD 0.05;" in text
+    assert "weights initialised with SD 0.05 (BERT: 0.02);" in text   # a departure from BERT says so
     del plan["recipe"]["model.init_range"]   # a plan from before the init scale was recorded
     assert "initialised" not in recipe_sentence(plan) and "?" not in recipe_sentence(plan)
     assert "[MASK]/unchanged/random 80/10/10, 80/0/20;" in text   # BERT Table 8's MASK/SAME/RND order
     assert "300 steps of 32 rows, the first 25% of them on 16-token rows" in text
-    assert "Fine-tuning (and the probe) reads the mean of the last layer over the row's tokens" in text
-    assert "for 3 epochs of 2,000 training rows per task." in text
+    assert "Fine-tuning reads the mean of the last layer over the row's tokens" in text
+    assert "for 3 epochs of 2,000 training rows per task, 3 fine-tune seeds per encoder, scored on the whole dev set." in text
+    # the probe is its own model, described apart (it is not the fine-tuning recipe)
+    assert "The probe: a logistic regression (ridge for regression tasks) on standardised features of the frozen " \
+           "encoder's last 1 layer(s)" in text
+    plan["recipe"]["finetune.probe"] = [False]
+    assert "The probe" not in recipe_sentence(plan)
+    for key in ("finetune.seeds", "finetune.probe", "finetune.max_eval_examples", "finetune.probe_layers"):
+        del plan["recipe"][key]   # a plan from before these were recorded: nothing invented
+    assert "?" not in recipe_sentence(plan) and "seeds" not in recipe_sentence(plan)
     assert not (tmp_path / "results").exists()
 
 

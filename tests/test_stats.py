@@ -48,6 +48,25 @@ def test_below_three_units_no_interval_and_no_test():
     assert (same.low, same.high, same.p, same.method) == (0.5, 0.5, 0.0, "exact (zero spread)")
 
 
+@pytest.mark.parametrize("n", [3, 10, S.BOOTSTRAP_MIN_N])
+def test_same_paired_difference_in_every_seed_is_no_test(n):
+    """Dev accuracy moves in steps of 1/N, so every seed's paired difference can be the same by chance:
+    sd = 0 (or float leftovers of 0) must not read as p = 0, "beyond seed noise", passing any Holm level."""
+    a = np.resize([0.1, 0.2, 0.7, 0.35], n)
+    # float leftovers of sd = 0 (p was ~1e-32), and sd exactly 0 (p was 0)
+    for b, a_, d in ((a + 0.3, a, 0.3), (a + 1 / 7, a, 1 / 7), (np.full(n, 0.8), np.full(n, 0.7), 0.1)):
+        iv = S.paired_interval(b, a_)
+        assert np.isnan(iv.p) and np.isnan(iv.low) and np.isnan(iv.high) and not iv.excludes_zero, iv
+        assert iv.method == S.SAME_DIFF and iv.n == n and iv.estimate == pytest.approx(d)
+    zero = S.paired_interval(a.copy(), a)   # no difference in any seed: the exact [0, 0], p = 1
+    assert (zero.estimate, zero.low, zero.high, zero.p, zero.method) == (0, 0, 0, 1.0, "exact (zero spread)")
+    assert S.paired_interval(a + 1e-9 * np.arange(n), a).method != S.SAME_DIFF   # a real, tiny spread is tested
+    # in a Holm family the untested row is never rejected, keeps a NaN adjusted p, and does not count in m
+    p = [0.01, S.paired_interval(a + 0.3, a).p, 0.02]
+    assert np.allclose(S.holm(p), [0.02, np.nan, 0.02], equal_nan=True)
+    assert np.allclose(S.holm_levels(p), [0.025, np.nan, 0.05], equal_nan=True)
+
+
 def test_bca_matches_scipy_from_the_threshold():
     x = np.random.default_rng(3).exponential(size=S.BOOTSTRAP_MIN_N)
     iv = S.mean_interval(x)

@@ -26,16 +26,21 @@ from study.report import stats as S
 
 NOISE_WORDS = "indistinguishable from noise"
 TOO_FEW_WORDS = "too few seeds for an interval"
+SAME_WORDS = "no test of seed noise"
 
 
-def interpret(n: int, lo: float, hi: float, p_decide: float, a: str = "a", b: str = "b") -> str:
+def interpret(n: int, lo: float, hi: float, p_decide: float, a: str = "a", b: str = "b", *,
+              method: str = "") -> str:
     """Words for a paired difference b - a under the one rule (study.report.stats): beyond seed noise
     exactly when `p_decide` (Holm-adjusted, or raw for the primary comparison) < ALPHA, which is
-    exactly when the interval [lo, hi] drawn at the matching level excludes 0."""
+    exactly when the interval [lo, hi] drawn at the matching level excludes 0. `method` is the
+    interval's: S.SAME_DIFF (the same non-zero difference in every seed) gets no test and no direction."""
+    if n >= S.MIN_N and method == S.SAME_DIFF:
+        return f"the same difference in every seed (n={n}): {SAME_WORDS}"
     if n < S.MIN_N or not (np.isfinite(lo) and np.isfinite(hi)):
         return f"n={n}: {TOO_FEW_WORDS}"
     if lo == hi == 0:  # e.g. the parameter count of two arms that differ only in masking
-        return f"equal in every seed (n={n})"
+        return f"no difference in any seed (n={n})"
     if not p_decide < S.ALPHA:
         return f"{NOISE_WORDS} at n={n} seeds"
     return f"{b} {'higher' if lo > 0 else 'lower'} than {a} beyond seed noise at n={n} seeds"
@@ -46,11 +51,14 @@ def primary_key(plan: dict) -> tuple[str, str, str]:
     return tuple(parse_metric(plan.get("primary_metric"), field="report.primary_metric"))  # type: ignore[return-value]
 
 
-def holm_family(keys: list[tuple], ps: list[float], primary: tuple | None) -> list[dict]:
+def holm_family(keys: list[tuple], ps: list[float], primary: tuple | None,
+                ns: list[int] | None = None) -> list[dict]:
     """Per row: the p that decides, the interval level that matches it, and the correction's name.
 
     The family is every row with a test (finite p) except the primary one and cost metrics (speed
-    and size are descriptive, not hypotheses); those keep ALPHA and their raw p."""
+    and size are descriptive, not hypotheses); those keep ALPHA and their raw p. A row without a
+    test (NaN p) is never rejected and keeps a NaN p_adjusted; `ns` (units per row) tells "n<3" from
+    "no test" (the same difference in every seed)."""
     fam = [i for i, (k, p) in enumerate(zip(keys, ps)) if np.isfinite(p) and k != primary and k[2] not in COST_METRICS]
     adj, lev = S.holm([ps[i] for i in fam]), S.holm_levels([ps[i] for i in fam])
     out = []
@@ -61,7 +69,7 @@ def holm_family(keys: list[tuple], ps: list[float], primary: tuple | None) -> li
                         "correction": f"Holm over {len(fam)}"})
         else:
             why = ("none (primary)" if k == primary else "none (cost metric)" if k[2] in COST_METRICS
-                   else f"none (n<{S.MIN_N})")
+                   else f"none (n<{S.MIN_N})" if ns is None or ns[i] < S.MIN_N else "none (no test)")
             out.append({"p_adjusted": p, "alpha": S.ALPHA, "primary": k == primary, "correction": why})
     return out
 
@@ -204,15 +212,16 @@ def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for key, g in _units(tidy, by).groupby(by, dropna=False):
-        iv = S.mean_interval(g["value"])
+        iv = S.mean_interval(g["value"])   # n: the finite units the mean and the interval use
         rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
-                     "n": len(g), "ci_low": iv.low, "ci_high": iv.high, "ci_method": iv.method})
+                     "n": int(np.isfinite(g["value"].to_numpy(dtype=float)).sum()), "ci_low": iv.low,
+                     "ci_high": iv.high, "ci_method": iv.method})
     return pd.DataFrame(rows, columns=cols)
 
 
 COMPARE_COLS = ["task", "mode", "metric", "a", "b", "mean_a", "mean_b", "diff", "sd_diff", "ci_low", "ci_high",
-                "ci_level", "ci_method", "n", "p_value", "p_adjusted", "correction", "primary", "mde", "test",
-                "interpretation"]
+                "ci_level", "ci_method", "n", "n_a", "n_b", "p_value", "p_adjusted", "correction", "primary",
+                "mde", "test", "interpretation"]
 
 
 def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.DataFrame:
@@ -220,8 +229,11 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.
 
     `primary` (task, mode, metric) is the study's headline: tested at ALPHA alone. Every other
     non-cost row is in one Holm family; its interval is drawn at the level Holm tests it at, so it
-    excludes 0 exactly when p_adjusted < ALPHA. `mde`: the smallest difference a paired t-test at
-    ALPHA detects with 80% power at this n, from this row's SD of the differences."""
+    excludes 0 exactly when p_adjusted < ALPHA. `mde`: the smallest difference a paired t-test at the
+    row's own alpha (ALPHA for the primary and cost rows, the Holm level for the others) detects with
+    80% power at this n, from this row's SD of the differences; NaN for a row without a test.
+    `n_a`, `n_b`: the seeds each level has; `n` the seeds both have (the pairs), and the words say
+    "(paired on k of m seeds)" when pairing dropped some."""
     fac = spec["factor"]
     if fac not in tidy.columns:
         raise StudyError(f"factor {fac!r} is not a factor of any run", field="compare.factor",
@@ -232,23 +244,30 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.
     for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
         a = g[g[fac].astype(str) == str(spec["a"])].set_index("pretrain_seed")["value"]
         b = g[g[fac].astype(str) == str(spec["b"])].set_index("pretrain_seed")["value"]
+        a, b = a[np.isfinite(a.to_numpy(dtype=float))], b[np.isfinite(b.to_numpy(dtype=float))]
         seeds = sorted(set(a.index) & set(b.index))
         if seeds:
-            pairs.append(((task, mode, metric), a[seeds].to_numpy(), b[seeds].to_numpy()))
+            pairs.append(((task, mode, metric), a[seeds].to_numpy(), b[seeds].to_numpy(), len(a), len(b),
+                          len(set(a.index) | set(b.index))))
     if not pairs:
         return pd.DataFrame(columns=COMPARE_COLS)
-    first = [S.paired_interval(b, a) for _, a, b in pairs]
-    fam = holm_family([k for k, _, _ in pairs], [iv.p for iv in first], primary)
+    first = [S.paired_interval(p[2], p[1]) for p in pairs]
+    fam = holm_family([p[0] for p in pairs], [iv.p for iv in first], primary, [iv.n for iv in first])
     rows = []
-    for ((task, mode, metric), a, b), iv0, h in zip(pairs, first, fam):
+    for ((task, mode, metric), a, b, n_a, n_b, n_any), iv0, h in zip(pairs, first, fam):
         iv = S.paired_interval(b, a, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
+        words = interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]),
+                          method=iv.method)
+        if iv.n < n_any:  # seeds that only one level has cannot be paired: say so, never drop them silently
+            words += f" (paired on {iv.n} of {n_any} seeds)"
         rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
                      "mean_a": a.mean(), "mean_b": b.mean(), "diff": iv.estimate, "sd_diff": iv.sd,
                      "ci_low": iv.low, "ci_high": iv.high, "ci_level": iv.level, "ci_method": iv.method,
-                     "n": iv.n, "p_value": iv0.p, "p_adjusted": h["p_adjusted"], "correction": h["correction"],
-                     "primary": h["primary"], "mde": S.mde(iv.sd, iv.n), "test": _test_name(iv.method, "paired t-test"),
-                     "interpretation": interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]),
-                                                 str(spec["b"]))})
+                     "n": iv.n, "n_a": n_a, "n_b": n_b, "p_value": iv0.p, "p_adjusted": h["p_adjusted"],
+                     "correction": h["correction"], "primary": h["primary"],
+                     # at the alpha this row's test uses (the Holm level for a secondary row); no test, no MDE
+                     "mde": S.mde(iv.sd, iv.n, alpha=h["alpha"]) if np.isfinite(iv0.p) else float("nan"),
+                     "test": _test_name(iv.method, "paired t-test"), "interpretation": words})
     return pd.DataFrame(rows, columns=COMPARE_COLS)
 
 

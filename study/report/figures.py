@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on CI or in DVC stages
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -165,6 +166,13 @@ def _panel_vs_x(ax, g: pd.DataFrame, x: str, label: str | None = None, **kw) -> 
     return True
 
 
+def _in_points(ax, metrics) -> None:
+    """Tick a y-axis of bounded scores (stored as fractions) in points, as the report's tables write them."""
+    if len(metrics) and all(m in BOUNDED for m in metrics):
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.4g}"))
+        ax.set_ylabel(f"{ax.get_ylabel() or 'score'} (%)")
+
+
 def _fig(ncols: int, width: float = 4.2, height: float = 3.3):
     sns.set_theme(style="whitegrid", context="notebook", font_scale=0.8)
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
@@ -231,13 +239,13 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
                                                               nan=0.0).clip(min=0), fmt="o", capsize=3)
         ax.set_yticks(y, down["what"])
         ax.axvline(0, ls="--", c="grey")
-        ax.set_xlabel(f"{b} − {a} (points)")
+        ax.set_xlabel(f"{b}\n− {a} (points)")
     if len(pre):
         ax = axes[i]
         ax.errorbar(pre["diff"], [0] * len(pre), xerr=_xerr(pre), fmt="o", capsize=3, color="C1")
         ax.set_yticks([0], ["fixed-reference perplexity"])
         ax.axvline(0, ls="--", c="grey")
-        ax.set_xlabel(f"{b} − {a} (perplexity)")
+        ax.set_xlabel(f"{b}\n− {a} (perplexity)")
     d.fig = fig
     return d
 
@@ -268,6 +276,7 @@ def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
         _panel_vs_x(a2, select(summary, t, m, met), x, label=f"{t} {m} {met}")
     a2.set_xlabel(x)
     a2.set_ylabel("downstream score")
+    _in_points(a2, [met for _, _, met in down])
     if down:
         a2.legend(fontsize=7)
     else:
@@ -280,7 +289,8 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     d = Drawn("replacement", "Replacement split: reference MLM, fine-tune and feature-based", "Per MASK/SAME/RND "
               "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
               "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
-              "(middle) and the frozen-encoder probe (right). Mean over pre-training seeds, 95% t-interval.")
+              "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. Mean "
+              "over pre-training seeds, 95% t-interval.")
     if summary.empty:
         d.skipped = "no finished runs"
         return d
@@ -297,6 +307,9 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
         return d
     fig, axes = _fig(3)
     order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
+    random = summary[summary["init"] == "random"] if "init" in summary else summary.iloc[:0]
+    random = random.assign(what=random["task"] + " " + random["metric"])
+    mode_of = {"fine-tune": "finetune", "feature-based (probe)": "probe", "reference MLM accuracy": "pretrain"}
     for ax, (title, p) in zip(axes, panels):
         ax.set_title(title)
         if p.empty:
@@ -308,10 +321,16 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
             g = p[p["what"] == what].set_index("level").reindex(order).dropna(subset=["mean"])
             xs = [order.index(lv) + (k - (len(whats) - 1) / 2) * w for lv in g.index]
             # Points, not bars: a bar's length from zero would hide differences of a point or two.
-            ax.errorbar(xs, g["mean"], yerr=_yerr(g), fmt="o", capsize=3, label=what)
+            line = ax.errorbar(xs, g["mean"], yerr=_yerr(g), fmt="o", capsize=3, label=what)
+            # the random-init baseline (the same for every split: one architecture), so a reader sees
+            # at once whether pre-training bought anything on this task
+            rnd = random[(random["mode"] == mode_of[title]) & (random["what"] == what)]["mean"].unique()
+            if len(rnd) == 1:
+                ax.axhline(rnd[0], ls=":", color=line[0].get_color(), label=f"{what}, random init")
         ax.set_xticks(range(len(order)), order, rotation=30)
         ax.set_xlabel("MASK/SAME/RND %" if set(keys) == set(REPLACEMENT_KEYS) else ", ".join(keys))
         ax.legend(fontsize=7)
+        _in_points(ax, p["metric"].unique())
     d.fig = fig
     return d
 
@@ -341,6 +360,7 @@ def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
             ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
+        _in_points(ax, g["metric"].unique() if not g.empty else [])
     d.fig = fig
     return d
 
@@ -358,6 +378,7 @@ def generic(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     ax.bar(range(len(g)), g["mean"], yerr=_yerr(g), capsize=3)
     ax.set_xticks(range(len(g)), g["level"], rotation=30)
     ax.set_ylabel(metric_label(task, mode, metric))
+    _in_points(ax, [metric])
     d.fig = fig
     return d
 

@@ -97,9 +97,9 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def _verdict_words(interpretation: str) -> str:
     s = str(interpretation or "")
-    if NOISE_WORDS in s:
-        return NOISE_WORDS
-    return re.sub(r"\s+at n=\d+ seeds$", "", s) or "no verdict"
+    if NOISE_WORDS in s:   # keep aggregate.compare's "(paired on k of m seeds)" where seeds were dropped
+        return NOISE_WORDS + "".join(f" {m}" for m in re.findall(r"\(paired on \d+ of \d+ seeds\)", s))
+    return re.sub(r"\s+at n=\d+ seeds(?=$| \(paired on)", "", s) or "no verdict"
 
 
 def methods_sentence(sf: StudyFiles) -> str:
@@ -125,7 +125,8 @@ def methods_sentence(sf: StudyFiles) -> str:
                  f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
                  f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs.")
     elif pr:
-        text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect (n<{st['min_n']})."
+        why = f"n<{st['min_n']}" if pr["n"] < st["min_n"] else "no test: the same difference in every seed"
+        text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect ({why})."
     return text
 
 
@@ -152,7 +153,7 @@ def recipe_sentence(plan: dict) -> str:
     arch = {"post_ln": "post-LN (BERT's)", "pre_ln": "pre-LN"}
 
     def sd(x: float) -> str:
-        return f"{x:g} (BERT's)" if x == 0.02 else f"{x:g}"
+        return f"{x:g} (BERT's)" if x == 0.02 else f"{x:g} (BERT: 0.02)"
 
     # plans written before the init scale was recorded have none: say nothing rather than "?"
     init = f", weights initialised with SD {v('model.init_range', sd)}" if r.get("model.init_range") else ""
@@ -171,8 +172,16 @@ def recipe_sentence(plan: dict) -> str:
     if r.get("finetune.pooling"):   # plans written before the fine-tuning keys were recorded have none
         pool = {"cls": "the pooled [CLS] (BERT's)", "mean": "the mean of the last layer over the row's tokens"}
         rows = v("finetune.max_train_examples", lambda x: "all" if x is None else f"{x:,}")
-        text += (f" Fine-tuning (and the probe) reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
-                 f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task.")
+        text += (f" Fine-tuning reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
+                 f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task")
+        if r.get("finetune.seeds"):   # plans written before the seeds and the probe were recorded have none
+            dev = v("finetune.max_eval_examples", lambda x: "the whole dev set" if x is None else f"{x:,} dev rows")
+            text += f", {v('finetune.seeds', lambda s: str(len(s)))} fine-tune seeds per encoder, scored on {dev}"
+        if any(r.get("finetune.probe") or []):
+            text += (f". The probe: a logistic regression (ridge for regression tasks) on standardised features of "
+                     f"the frozen encoder's last {v('finetune.probe_layers')} layer(s), each pooled the same way "
+                     f"and concatenated")
+        text += "."
     return text + (" Where runs differ, every value is listed." if any(len(x) > 1 for x in r.values()) else "")
 
 
@@ -192,16 +201,23 @@ def answer_sentence(sf: StudyFiles) -> dict:
                             f"compared runs ({', '.join(flat)}) score no better on the reference MLM than always "
                             f"predicting the most frequent token, so a difference would measure how fast they left "
                             f"it, not the factor; no direction is claimed.", "kind": "plateau"}
+        if n >= S.MIN_N and not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
+            # enough seeds, but no test (the same difference in every seed: aggregate.interpret says so)
+            return {"text": f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, n={n} seeds: "
+                            f"{ans.get('interpretation')}; no direction is claimed.", "kind": "paired"}
         if n < S.MIN_N or not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
             return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed), so no "
                             f"direction is claimed.", "kind": "paired"}
+        verdict = _verdict_words(ans.get("interpretation"))
         text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
-                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: "
-                f"{_verdict_words(ans.get('interpretation'))}")
+                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: {verdict}")
         if all(finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
             # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
-        return {"text": text + ".", "kind": "paired"}
+        elif verdict == NOISE_WORDS and finite(ans.get("mde")):
+            # "no difference seen" is not "no difference": say how large a difference could have hidden
+            text += f"; it could detect only differences of ≥ {fmt_diff(ans['mde'], metric).lstrip('+')}"
+        return {"text": text + _no_gain_over_random(sf, task, mode, metric) + ".", "kind": "paired"}
     s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
     flat = plateau_runs(sf)
     if len(s) >= 1 and flat:
@@ -230,14 +246,33 @@ def answer_sentence(sf: StudyFiles) -> dict:
             return {"text": f"{head}: {TOO_FEW_WORDS}.", "kind": "levels"}
         overl = [r["level"] for _, r in rest.iterrows() if finite(r["ci_low"]) and
                  not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
-        tail = (f": its CI overlaps {', '.join(map(str, overl))}, {NOISE_WORDS}" if overl
+        # Separate intervals that overlap are not a test of the difference (a paired one can still find it):
+        # no verdict either way without a `report.compare`, whose paired test is the study's answer.
+        tail = (f": its CI overlaps {', '.join(map(str, overl))}'s" if overl
                 else ": its CI is clear of every other level's")
-        return {"text": head + tail + ".", "kind": "levels"}
+        tail += " (separate intervals, not a test; `report.compare` in the spec names a paired comparison)"
+        return {"text": head + tail + _no_gain_over_random(sf, task, mode, metric) + ".", "kind": "levels"}
     total = len(sf.runs)
     done = int((sf.runs["status"] == "done").sum()) if total else 0
     bad = int(sf.runs["status"].isin(["failed", "diverged"]).sum()) if total else 0
     return {"text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
                     f"primary metric {plan.get('primary_metric')!r} has no values.", "kind": "none"}
+
+
+def _no_gain_over_random(sf: StudyFiles, task: str, mode: str, metric: str) -> str:
+    """A clause for the answer when no pre-trained level beats its random-init baseline on the answer's
+    downstream metric beyond seed noise: then the metric may not see pre-training at all, and a null
+    between levels says little about the factor. Empty where one level does, or there is no baseline."""
+    b = sf.baseline
+    if task == "pretrain" or b.empty or "ci_low" not in b:
+        return ""
+    b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric) & b["diff"].map(finite)]
+    if b.empty or (b["ci_low"].map(finite) & (b["ci_low"] > 0)).any():
+        return ""
+    lo, hi = fmt_diff(b["diff"].min(), metric), fmt_diff(b["diff"].max(), metric)
+    span = lo if lo == hi else f"{lo} to {hi}"
+    return (f"; no pre-trained level beats random init on it beyond seed noise (gains {span}, see What "
+            f"pre-training bought), so it may not reflect what pre-training learned")
 
 
 def _summary_rows(sf: StudyFiles) -> list[dict]:
@@ -266,9 +301,11 @@ def _comparison_rows(sf: StudyFiles) -> list[dict]:
     c = c.reindex(columns=[*c.columns, *(k for k in STATS_COLS if k not in c)])  # an older aggregate lacks them
     return [{"task": r.task, "mode": r.mode, "metric": r.metric, "a": r.a, "b": r.b,
              "mean_a": fmt_value(r.mean_a, r.metric), "mean_b": fmt_value(r.mean_b, r.metric),
-             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True,
-                                                              level=r.ci_level),
-             "n": int(r.n), "p": _fmt_p(r.p_value), "p_adj": _fmt_p(r.p_adjusted),
+             "diff": fmt_diff(r.diff, r.metric),
+             "ci": "none (the same difference in every seed)" if getattr(r, "ci_method", "") == S.SAME_DIFF
+             else fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True, level=r.ci_level),
+             "n": int(r.n), "p": _fmt_p(r.p_value),
+             "p_adj": _fmt_p(r.p_adjusted),
              "correction": r.correction if isinstance(r.correction, str) else "–", "primary": str(r.primary) == "True",
              "mde": fmt_diff(r.mde, r.metric).lstrip("+"), "interpretation": r.interpretation}
             for r in c.itertuples()]
@@ -292,7 +329,8 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
              "pre": fmt_value(r.mean_pretrained, r.metric), "rnd": fmt_value(r.mean_random, r.metric),
              "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True,
                                                               level=r.ci_level),
-             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "p_adj": _fmt_p(r.p_adjusted),
+             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "p": _fmt_p(getattr(r, "p_value", None)),
+             "p_adj": _fmt_p(r.p_adjusted),
              "interpretation": r.interpretation} for r in b.itertuples()]
 
 
@@ -339,7 +377,7 @@ def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
             f"enough, so a difference involving them measures that, not the factor (see Problems).")
 
 
-def _provenance(sf: StudyFiles) -> dict:
+def provenance_section(sf: StudyFiles) -> dict:
     prov = sf.study.get("provenance") or {}
     commits, hardware, packages = {}, {}, {}
     for h, p in prov.items():
@@ -358,7 +396,11 @@ def _provenance(sf: StudyFiles) -> dict:
         rendered = git_info()
     except Exception:  # noqa: BLE001 - provenance of the renderer is nice to have, not required
         rendered = {}
-    return {"commits": commits, "hardware": hardware,
+    unknown = len(commits.get("unknown", []))
+    uncommitted = (f"{unknown} of {len(prov)} runs record no code commit (git could not name one where they "
+                   f"ran): which code produced them cannot be checked from this report."
+                   if unknown else None)
+    return {"commits": commits, "hardware": hardware, "uncommitted": uncommitted,
             "packages": {k: ", ".join(sorted(v)) for k, v in sorted(packages.items())},
             "mixed_packages": sorted(k for k, v in packages.items() if len(v) > 1), "runs": runs,
             "ci_method": sf.study.get("ci_method"), "test": sf.study.get("test"), "rendered": rendered,
@@ -432,7 +474,7 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
         answer=answer, warning=warning, methods=methods_sentence(sf), recipe=recipe_sentence(sf.plan), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
         baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
-        provenance=_provenance(sf), search=search_summary(sf.trials, search_direction),
+        provenance=provenance_section(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     atomic_write_text(out_dir / "index.html", html)

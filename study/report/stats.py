@@ -14,11 +14,16 @@ the interval is built from the same distribution and the same level as the test 
   least as well as the percentile and BCa bootstraps for n <= 30; only for strongly skewed data at
   large n does BCa pull ahead.
 - At n < MIN_N (3): no interval and no test, hence no direction.
+- A paired difference that is the same in every unit (its SD zero, or float leftovers of zero:
+  `same_spread`) is not a test: sd = 0 would make p = 0 at any n, and scores in steps of 1/N hit it
+  by chance. `paired_interval` then returns p = NaN and no interval (method SAME_DIFF), unless the
+  difference is 0 in every unit: that stays the exact [0, 0] with p = 1.
 - Holm across a study's secondary comparisons; the primary comparison stays at alpha. Each
   secondary row's interval is drawn at the level Holm's step-down tests it at (`holm_levels`), so
   its interval excludes 0 <=> its Holm-adjusted p < alpha.
 
-Minimum detectable effect: the noncentral t power of a two-sided paired t-test.
+Minimum detectable effect: the noncentral t power of a two-sided paired t-test, at the alpha the
+row's own test uses (aggregate passes the Holm level for a secondary row).
 """
 from __future__ import annotations
 
@@ -42,6 +47,11 @@ POWER = 0.80
 # seed-to-seed spread of small-BERT fine-tuning scores (Dodge et al. 2020 report 1-2 pp on GLUE
 # tasks for fine-tuning seeds alone). A stated guess, not a measurement: pass --sd to override.
 PILOT_SD_BOUNDED = 0.01
+# A paired difference whose SD is at most this times its scale (1, |mean|, the largest |score|) is the
+# same in every unit: floating-point leftovers of an SD of 0 (b = a + 0.3 for a = 0.1, 0.2, 0.7 gives
+# differences apart in the 17th digit, an SD of 4e-17 and, as a t-test, p = 6e-33), not spread.
+SAME_SPREAD_RTOL = 1e-12
+SAME_DIFF = "none (the same difference in every seed)"
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,28 @@ def t_rows(x: np.ndarray, level: float = 1 - ALPHA) -> tuple[np.ndarray, ...]:
 
 
 def paired_interval(b, a, level: float = 1 - ALPHA, **kw) -> Interval:
-    """Interval for mean(b - a) over units measured under both a and b (the same pre-training seed)."""
+    """Interval for mean(b - a) over units measured under both a and b (the same pre-training seed).
+
+    A difference that is the same in every unit (`same_spread`) gets no test: p = NaN, no interval,
+    method SAME_DIFF; a difference of 0 in every unit is the exact [0, 0] with p = 1."""
+    _check_level(level)
     b, a = np.asarray(b, dtype=float), np.asarray(a, dtype=float)
     if b.shape != a.shape:
         raise StudyError(f"paired samples differ in length ({b.size} vs {a.size})", field="pairs")
-    return mean_interval(b - a, level, **kw)
+    ok = np.isfinite(b) & np.isfinite(a)
+    d, scale = (b - a)[ok], max(1.0, float(np.abs(a[ok]).max(initial=0)), float(np.abs(b[ok]).max(initial=0)))
+    if d.size >= MIN_N:
+        if float(np.abs(d).max()) <= SAME_SPREAD_RTOL * scale:  # 0 in every unit, up to float leftovers
+            return Interval(0.0, 0.0, 0.0, 1.0, d.size, 0.0, level, "exact (zero spread)")
+        m, sd = float(d.mean()), float(d.std(ddof=1))
+        if same_spread(sd, m, scale):
+            return Interval(m, float("nan"), float("nan"), float("nan"), d.size, sd, level, SAME_DIFF)
+    return mean_interval(d, level, **kw)
+
+
+def same_spread(sd: float, mean: float, scale: float = 1.0) -> bool:
+    """Is an SD of differences zero or negligible: sd <= SAME_SPREAD_RTOL x max(1, |mean|, scale)?"""
+    return bool(sd <= SAME_SPREAD_RTOL * max(1.0, abs(mean), scale))
 
 
 def welch_interval(x, y, level: float = 1 - ALPHA) -> Interval:
@@ -168,7 +195,8 @@ def _bca(x: np.ndarray, level: float, n_resamples: int, seed: int) -> Interval:
 
 # --------------------------------------------------------------------------- multiple comparisons
 def holm(pvalues) -> np.ndarray:
-    """Holm-adjusted p-values (NaN entries are not tests: they stay NaN and do not count in m)."""
+    """Holm-adjusted p-values. NaN entries are not tests (n < MIN_N, or the same difference in every
+    unit): they are never rejected, stay NaN and do not count in m."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
     idx = np.flatnonzero(np.isfinite(p))

@@ -132,7 +132,8 @@ RECIPE_KEYS = ("model.arch", "model.layers", "model.hidden", "model.heads", "mod
                "objective.max_seq_len", "masking.rate", "masking.split", "masking.unit",
                "train.budget", "train.amount", "train.batch_size", "train.short_len", "train.short_fraction",
                "train.lr", "train.warmup", "train.schedule",
-               "finetune.pooling", "finetune.lr", "finetune.epochs", "finetune.max_train_examples")
+               "finetune.pooling", "finetune.lr", "finetune.epochs", "finetune.max_train_examples",
+               "finetune.max_eval_examples", "finetune.seeds", "finetune.probe", "finetune.probe_layers")
 
 
 def recipe_values(configs: list[RunConfig]) -> dict[str, list]:
