@@ -284,3 +284,16 @@ def test_mde_at_the_alpha_its_row_is_tested_at(tmp_path):
         assert r.mde > S.mde(r.sd_diff, r.n) * 1.05
     p = c[c["primary"]].iloc[0]
     assert p["mde"] == pytest.approx(S.mde(p["sd_diff"], p["n"], alpha=0.05), rel=1e-9)
+
+
+def test_baseline_with_no_spread_on_either_side_is_no_test():
+    """Three pre-trained seeds that all score 0.8 against three random-init baselines that all score 0.7
+    (e.g. the majority class): no spread, so no test and no direction, not "raises it beyond seed noise"."""
+    from study.report.aggregate import SAME_WORDS, baseline_gain
+    rows = [{"task": "SST-2", "mode": "finetune", "metric": "accuracy", "init": init, "pretrain_seed": s,
+             "source_key": f"{init}{s}", "finetune_seed": f, "value": v}
+            for init, v in (("pretrained", 0.8), ("random", 0.7)) for s in range(3) for f in range(2)]
+    row = baseline_gain(pd.DataFrame(rows), []).iloc[0]
+    assert np.isnan(row["p_value"]) and np.isnan(row["ci_low"]) and row["diff"] == pytest.approx(0.1)
+    assert SAME_WORDS in row["interpretation"] and "beyond" not in row["interpretation"]
+    assert row["correction"] == "none (no test)"

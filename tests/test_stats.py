@@ -67,6 +67,16 @@ def test_same_paired_difference_in_every_seed_is_no_test(n):
     assert np.allclose(S.holm_levels(p), [0.025, np.nan, 0.05], equal_nan=True)
 
 
+def test_welch_with_no_spread_on_either_side_is_no_test():
+    """A random-init baseline stuck at the majority class on every seed beside pre-trained runs that all
+    score the same: se = 0 used to give p = 0, "beyond seed noise". Now no test, unless the means agree."""
+    iv = S.welch_interval([0.8, 0.8, 0.8], [0.7, 0.7, 0.7])
+    assert np.isnan(iv.p) and np.isnan(iv.low) and iv.method == S.NO_SPREAD and iv.estimate == pytest.approx(0.1)
+    same = S.welch_interval([0.7, 0.7, 0.7], [0.7, 0.7, 0.7])
+    assert (same.low, same.high, same.p) == (0.0, 0.0, 1.0)
+    assert np.isfinite(S.welch_interval([0.8, 0.81, 0.8], [0.7, 0.7, 0.7]).p)   # one side varies: a test
+
+
 def test_bca_matches_scipy_from_the_threshold():
     x = np.random.default_rng(3).exponential(size=S.BOOTSTRAP_MIN_N)
     iv = S.mean_interval(x)

@@ -316,13 +316,16 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str], primary: tuple | N
                           _one_model(g)))
     keys = [tuple(k[:3]) for k, *_ in found]
     first = [S.welch_interval(g, r) for _, g, r, _ in found]
-    fam = holm_family(keys, [iv.p for iv in first], primary if keys.count(primary) == 1 else None)
+    fam = holm_family(keys, [iv.p for iv in first], primary if keys.count(primary) == 1 else None,
+                      ns=[iv.n for iv in first])
     rows = []
     for (key, g, r, one), iv0, h in zip(found, first, fam):
         iv = S.welch_interval(g, r, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         sizes = (f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random" if one
                  else f"n={len(g)} pre-trained, {len(r)} random")
-        if not (np.isfinite(iv.low) and np.isfinite(iv.high)):
+        if iv.method == S.NO_SPREAD:
+            words = f"every score the same on each side ({sizes}): {SAME_WORDS}"
+        elif not (np.isfinite(iv.low) and np.isfinite(iv.high)):
             words = f"{TOO_FEW_WORDS} ({sizes}; {S.MIN_N} a side needed)"
         elif not h["p_adjusted"] < S.ALPHA:
             words = f"{NOISE_WORDS} ({sizes})"

@@ -17,7 +17,8 @@ the interval is built from the same distribution and the same level as the test 
 - A paired difference that is the same in every unit (its SD zero, or float leftovers of zero:
   `same_spread`) is not a test: sd = 0 would make p = 0 at any n, and scores in steps of 1/N hit it
   by chance. `paired_interval` then returns p = NaN and no interval (method SAME_DIFF), unless the
-  difference is 0 in every unit: that stays the exact [0, 0] with p = 1.
+  difference is 0 in every unit: that stays the exact [0, 0] with p = 1. Likewise `welch_interval`
+  when neither side varies (method NO_SPREAD).
 - Holm across a study's secondary comparisons; the primary comparison stays at alpha. Each
   secondary row's interval is drawn at the level Holm's step-down tests it at (`holm_levels`), so
   its interval excludes 0 <=> its Holm-adjusted p < alpha.
@@ -52,6 +53,7 @@ PILOT_SD_BOUNDED = 0.01
 # differences apart in the 17th digit, an SD of 4e-17 and, as a t-test, p = 6e-33), not spread.
 SAME_SPREAD_RTOL = 1e-12
 SAME_DIFF = "none (the same difference in every seed)"
+NO_SPREAD = "none (no spread on either side)"   # welch_interval's SAME_DIFF: every unit of each side equal
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,11 @@ def welch_interval(x, y, level: float = 1 - ALPHA) -> Interval:
                         f"none (n<{MIN_N} on a side)")
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
-    if se == 0:
-        return Interval(d, d, d, 1.0 if d == 0 else 0.0, min(x.size, y.size), 0.0, level, "exact (zero spread)")
+    scale = max(1.0, float(np.abs(x).max()), float(np.abs(y).max()))
+    if same_spread(se, d, scale):  # no spread on either side: as in paired_interval, no test (p would be 0)
+        if abs(d) <= SAME_SPREAD_RTOL * scale:
+            return Interval(0.0, 0.0, 0.0, 1.0, min(x.size, y.size), 0.0, level, "exact (zero spread)")
+        return Interval(d, float("nan"), float("nan"), float("nan"), min(x.size, y.size), se, level, NO_SPREAD)
     df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
     half = stats.t.ppf(1 - (1 - level) / 2, df) * se
     p = float(2 * stats.t.sf(abs(d) / se, df))
