@@ -57,6 +57,8 @@ def cmd_plan(args) -> int:
     study, layout = _study(args), _layout(args)
     if args.detect is not None:
         return _plan_detect(args, study, layout)
+    if args.sd is not None:   # silently ignoring it would look like an answer that used it
+        raise StudyError("is used only with --detect", field="--sd", allowed="--detect EFFECT --sd SD")
     # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
     jobs = resolve_jobs(args.jobs, _left_to_train(study.runs, layout))
     ft_runs, ft_base = ({}, {}) if args.no_time else study_finetune_seconds(study.runs, layout, jobs)
@@ -128,6 +130,8 @@ def _plan_detect(args, study, layout) -> int:
 def cmd_data(args) -> int:
     from study.data.prepare import describe, prepare_data
     study = _study(args)
+    if args.samples < 0:   # checked before the data is prepared
+        raise StudyError(f"got {args.samples}", field="--samples", allowed="an integer >= 0")
     prepared = prepare_data(study.runs[0].config, _layout(args), progress=not args.quiet)
     print(describe(prepared, n=args.samples))
     return 0
@@ -136,6 +140,10 @@ def cmd_data(args) -> int:
 def cmd_prepare(args) -> int:
     from study.data.prepare import prepare_data
     study = _study(args)
+    known = sorted({r.config.data_hash() for r in study.runs})
+    if unknown := sorted(set(args.data or []) - set(known)):   # all checked before any is prepared
+        raise StudyError(f"no run of this spec uses data {', '.join(unknown)}", field="--data",
+                         allowed=", ".join(known))
     done = set()
     for run in study.runs:
         if run.config.data_hash() in done or (args.data and run.config.data_hash() not in args.data):
@@ -143,9 +151,6 @@ def cmd_prepare(args) -> int:
         prepared = prepare_data(run.config, _layout(args), progress=not args.quiet)
         done.add(run.config.data_hash())
         print(f"data {run.config.data_hash()} ready at {prepared.dir}")
-    if args.data and not done:
-        raise StudyError("no run of this spec uses this data", field="--data",
-                         allowed=", ".join(sorted({r.config.data_hash() for r in study.runs})))
     return 0
 
 
@@ -331,7 +336,8 @@ def cmd_papers(args) -> int:
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
     from study.parallel import resolve_jobs
-    resolve_jobs(args.jobs, [])  # a bad --jobs fails before the data is prepared
+    resolve_jobs(args.jobs, [])  # a bad --jobs or --run fails before the data is prepared
+    _study(args).select(args.run)
     args.keep_going, args.baseline, args.data = True, None, None
     for step in (cmd_prepare, cmd_pretrain, cmd_finetune, cmd_aggregate, cmd_report):
         step(args)
@@ -360,6 +366,8 @@ def cmd_sync(args) -> int:
     if args.stamp:  # the last command of a dvc.yaml stage: its manifest (study/studies/sync.py)
         print(stamp(args.stamp, Path(args.out), Path(args.results), args.of))
         return 0
+    if args.of is not None:
+        raise StudyError("is used only with --stamp", field="--of", allowed="--stamp STAGE --of HASH")
     changed = write_runs_file(Path(args.ablations), Path(args.out))
     print(f"{args.out} and dvc.yaml for the studies selected in {SELECTION_FILE}: "
           f"{'updated' if changed else 'up to date'}")

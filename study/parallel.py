@@ -49,7 +49,7 @@ T = TypeVar("T")
 def check_jobs(jobs: int) -> int:
     if not isinstance(jobs, int) or jobs < 1:
         raise StudyError(f"must be a positive integer or auto, got {jobs!r}", field="--jobs",
-                         allowed=f"auto, or 1 .. {os.cpu_count() or 1} (the cores of this machine)")
+                         allowed=f"auto, or a positive integer (this machine has {os.cpu_count() or 1} cores)")
     return jobs
 
 

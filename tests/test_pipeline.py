@@ -459,6 +459,23 @@ def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys
     assert "--profile:" in (err := capsys.readouterr().err) and "allowed: cpu" in err, err
     assert study_main(["deselect", "a", *args]) == 2
     assert "allowed: b, a@cpu" in capsys.readouterr().err
+    # the profile in NAME@PROFILE is checked like --profile's (it was dropped: `select b@gpu` selected b)
+    assert study_main(["select", "b@gpu", *args]) == 2
+    assert "--profile:" in (err := capsys.readouterr().err) and "allowed: cpu" in err, err
+    assert study_main(["deselect", "a@gpu", *args]) == 2   # a@cpu is selected, a@gpu is not
+    assert "is not selected" in capsys.readouterr().err
+    assert study_main(["select", "a@cpu", "--profile", "gpu", *args]) == 2
+    assert "--profile:" in capsys.readouterr().err
+    # a spec file outside the ablations folder is not the selected spec of that name
+    other = tmp_path / "elsewhere" / "b.yaml"
+    other.parent.mkdir()
+    other.write_text((abl / "b.yaml").read_text())
+    assert study_main(["select", str(other), *args]) == 2
+    assert "study:" in (err := capsys.readouterr().err) and "is not in" in err, err
+    assert study_main(["select", str(abl / "b.yaml"), *args]) == 0   # the folder's own file is b (selected)
+    capsys.readouterr()
+    assert study_main(["sync", "--of", "abc", *args]) == 2   # --of means something only with --stamp
+    assert "--of:" in capsys.readouterr().err
     params.write_text("studies: [b, 'nope@cpu']\n")
     assert study_main(["sync", *args]) == 2
     assert "studies[1]:" in capsys.readouterr().err

@@ -185,6 +185,14 @@ def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["--results", str(res), "search", str(good), "--storage", "not-a-url"]) == 2
     assert not res.exists()
+    # a timeout of 0 or less ended the search at once with exit 0, after creating its storage
+    for t in ("0", "-1"):
+        assert main(["--results", str(res), "search", str(good), "--quiet", "--timeout", t]) == 2
+        assert "--timeout:" in capsys.readouterr().err
+    # search-best before any search: it created an empty storage to find nothing in it
+    assert main(["--results", str(res), "search-best", str(good)]) == 2
+    assert "no search storage" in capsys.readouterr().err
+    assert not res.exists()
 
 
 # --------------------------------------------------------------------------- configs

@@ -61,6 +61,29 @@ def test_run_selection_by_hash_or_label(tmp_path, capsys):
     assert "--run" in capsys.readouterr().err and not results.exists()
 
 
+# Bad flags that used to be found only after the data was prepared (or not at all): each exits 2 naming
+# the flag, and nothing is written.
+BAD_FLAGS = {
+    "run_unknown_run": (["run", "{spec}", "--run", "nope"], "--run"),
+    "curve_empty_run": (["curve", "{spec}", "--run", ""], "--run"),
+    "data_negative_samples": (["data", "{spec}", "--samples", "-1"], "--samples"),
+    "prepare_unknown_data": (["prepare", "{spec}", "--data", "{data}", "--data", "0123456789ab"], "--data"),
+    "plan_sd_without_detect": (["plan", "{spec}", "--no-time", "--sd", "0.01"], "--sd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_bad_flags_exit_2_before_anything_is_written(tmp_path, capsys, case):
+    argv, flag = BAD_FLAGS[case]
+    spec = write(tmp_path, GOOD)
+    results = tmp_path / "results"
+    data = load_study(spec).runs[0].config.data_hash()   # the spec's own data, beside a bad one
+    assert main(["--results", str(results), *(a.format(spec=spec, data=data) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}:" in err and "Traceback" not in err, err
+    assert not results.exists()
+
+
 def test_hash_ignores_impl_and_changes_with_semantics():
     a = RunConfig()
     b = RunConfig(impl={"threads": 7, "progress": False, "log_every": 3, "precision": "bf16", "workers": 2})

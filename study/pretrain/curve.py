@@ -176,7 +176,7 @@ def read_csv(path: Path) -> list[dict]:
 def select_run(study, which: str | None):
     """A planned run of `study` by hash or label (None: the first run). A label shared by several seeds
     means its first seed; the printed summary names the seed."""
-    return study.select([which] if which else None)[0]
+    return study.select([which] if which is not None else None)[0]   # "" is a bad --run, not "the first"
 
 
 def _pct(v: float | None) -> str:

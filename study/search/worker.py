@@ -68,6 +68,8 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
     timeout = timeout if timeout is not None else search.timeout
     if n_trials is not None and n_trials < 1:
         raise StudyError("must be >= 1", field="--n-trials")
+    if timeout is not None and not timeout > 0:   # 0 or less would end the search before its first trial
+        raise StudyError(f"got {timeout:g}", field="--timeout", allowed="seconds > 0")
     base = trial_config(study, resolve_settings(base_point(search.params), study.defaults), search.seeds[0])
     out_dir = layout.search_dir(study.name)
     store = open_storage(storage, search, out_dir)

@@ -382,7 +382,16 @@ def change_selection(ablations: Path, out: Path, spec: str, profile: str | None,
     selection = read_selection(sel_path)
     if selection is None:
         selection = default_selection(ablations)
-    spec, _ = parse_entry(spec, 0, "command line")
+    named = Path(spec)
+    if named.suffix == ".yaml" and named.resolve().parent != ablations.resolve():
+        # the selection names specs of the ablations folder: a file elsewhere with the same name is not it
+        raise StudyError(f"{spec} is not in {ablations}", field="study",
+                         allowed=f"a spec name (e.g. nsp) or a .yaml file in {ablations}")
+    spec, at = parse_entry(spec, 0, "command line")
+    if at is not None and profile is not None and at != profile:
+        raise StudyError(f"names profile {at!r} and --profile {profile!r}", field="--profile",
+                         allowed="one of the two, or the same profile in both")
+    profile = profile if profile is not None else at
     entry = (spec, profile)
     if add:
         if entry not in selection:
