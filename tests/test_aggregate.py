@@ -297,3 +297,25 @@ def test_baseline_with_no_spread_on_either_side_is_no_test():
     assert np.isnan(row["p_value"]) and np.isnan(row["ci_low"]) and row["diff"] == pytest.approx(0.1)
     assert SAME_WORDS in row["interpretation"] and "beyond" not in row["interpretation"]
     assert row["correction"] == "none (no test)"
+
+
+def test_compare_in_a_one_at_a_time_design_uses_only_the_matching_cells():
+    """One-at-a-time over f (default 0.15, level 0.3) and g (default 2, level 4): the runs at f = 0.15
+    include g = 4's, which f = 0.3 has no counterpart of. Averaging them in would move the difference by
+    half of g's effect; only the cell both levels share (g = 2) is compared. In a grid every cell is
+    shared, and the words say the difference is averaged over g."""
+    from study.report.aggregate import compare
+
+    def tidy(cells):
+        return pd.DataFrame([{"task": "SST-2", "mode": "finetune", "metric": "accuracy", "init": "pretrained",
+                              "pretrain_seed": s, "f": f, "g": g, "value": v + 0.01 * s + 0.001 * s * s}
+                             for f, g, v in cells for s in range(3)])
+    spec = {"factor": "f", "a": 0.15, "b": 0.3}
+    oat = tidy([(0.15, 2, 0.70), (0.3, 2, 0.72), (0.15, 4, 0.90)])   # g = 4 is +20 pp
+    row = compare(oat, spec, others=["f", "g"]).iloc[0]
+    assert row["diff"] == pytest.approx(0.02) and row["mean_a"] == pytest.approx(0.71 + 0.005 / 3 * 1)
+    assert "averaged" not in row["interpretation"]
+    assert compare(oat, spec).iloc[0]["diff"] == pytest.approx(0.02 - 0.10)   # what ignoring g gave
+    grid = tidy([(0.15, 2, 0.70), (0.3, 2, 0.72), (0.15, 4, 0.90), (0.3, 4, 0.96)])
+    row = compare(grid, spec, others=["f", "g"]).iloc[0]
+    assert row["diff"] == pytest.approx(0.04) and row["interpretation"].endswith("(averaged over g within each seed)")

@@ -224,7 +224,7 @@ COMPARE_COLS = ["task", "mode", "metric", "a", "b", "mean_a", "mean_b", "diff", 
                 "mde", "test", "interpretation"]
 
 
-def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.DataFrame:
+def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others: list[str] = ()) -> pd.DataFrame:
     """Paired difference b - a per task/mode/metric, paired by pre-training seed.
 
     `primary` (task, mode, metric) is the study's headline: tested at ALPHA alone. Every other
@@ -233,12 +233,26 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.
     row's own alpha (ALPHA for the primary and cost rows, the Holm level for the others) detects with
     80% power at this n, from this row's SD of the differences; NaN for a row without a test.
     `n_a`, `n_b`: the seeds each level has; `n` the seeds both have (the pairs), and the words say
-    "(paired on k of m seeds)" when pairing dropped some."""
+    "(paired on k of m seeds)" when pairing dropped some.
+
+    `others`: the study's other factors. Only the cells (their value combinations) that both levels have
+    are compared: in a one-at-a-time design the runs at a's default level include those that vary
+    another factor, which b has no counterpart of, so averaging them in would confound the comparison.
+    Where several cells are shared (a grid), the difference is averaged over them within each seed
+    and the words say so."""
     fac = spec["factor"]
     if fac not in tidy.columns:
         raise StudyError(f"factor {fac!r} is not a factor of any run", field="compare.factor",
                          allowed=", ".join(c for c in tidy.columns if "." in c) or "none")
     t = tidy[tidy["init"] == "pretrained"]
+    others = [k for k in others if k != fac and k in t.columns]
+    averaged = ""
+    if others and not t.empty:
+        cell = t[others].astype(str).apply(tuple, axis=1)
+        shared = set(cell[t[fac].astype(str) == str(spec["a"])]) & set(cell[t[fac].astype(str) == str(spec["b"])])
+        t = t[cell.isin(shared)]
+        if len(shared) > 1:
+            averaged = f" (averaged over {', '.join(others)} within each seed)"
     per = _per_seed(t, ["task", "mode", "metric", fac])
     pairs = []
     for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
@@ -260,6 +274,7 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None) -> pd.
                           method=iv.method)
         if iv.n < n_any:  # seeds that only one level has cannot be paired: say so, never drop them silently
             words += f" (paired on {iv.n} of {n_any} seeds)"
+        words += averaged
         rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
                      "mean_a": a.mean(), "mean_b": b.mean(), "diff": iv.estimate, "sd_diff": iv.sd,
                      "ci_low": iv.low, "ci_high": iv.high, "ci_level": iv.level, "ci_method": iv.method,
@@ -438,7 +453,8 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
     done = tidy[tidy["status"] == "done"]
     atomic_write_text(out / "summary.csv", _csv(summarize(done, c["factor_keys"])))
     key = primary_key(plan)
-    comps = compare(done, plan["compare"], key) if plan.get("compare") else pd.DataFrame()
+    comps = (compare(done, plan["compare"], key, others=[] if plan["compare"].get("factor") == "label"
+                     else c["factor_keys"]) if plan.get("compare") else pd.DataFrame())
     atomic_write_text(out / "comparisons.csv", _csv(comps))
     # Without a `compare`, a one-design-point study's headline is its baseline row: exempt it then only.
     base = baseline_gain(done, c["factor_keys"], None if plan.get("compare") else key)

@@ -97,9 +97,11 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def _verdict_words(interpretation: str) -> str:
     s = str(interpretation or "")
-    if NOISE_WORDS in s:   # keep aggregate.compare's "(paired on k of m seeds)" where seeds were dropped
-        return NOISE_WORDS + "".join(f" {m}" for m in re.findall(r"\(paired on \d+ of \d+ seeds\)", s))
-    return re.sub(r"\s+at n=\d+ seeds(?=$| \(paired on)", "", s) or "no verdict"
+    # aggregate.compare's notes ("(paired on k of m seeds)", "(averaged over X within each seed)") stay
+    notes = "".join(f" {m}" for m in re.findall(r"\((?:paired on|averaged over) [^()]*\)", s))
+    if NOISE_WORDS in s:
+        return NOISE_WORDS + notes
+    return re.sub(r"\s+at n=\d+ seeds(?=$| \((?:paired on|averaged over))", "", s) or "no verdict"
 
 
 def methods_sentence(sf: StudyFiles) -> str:
