@@ -291,6 +291,18 @@ def test_a_null_answer_says_how_large_a_difference_could_hide_and_whether_pretra
     assert "random init" not in _answer_of("indistinguishable from noise", [(-0.01, -0.03)], task="pretrain")
 
 
+def test_the_answer_gives_the_other_downstream_mode_too(rendered):
+    """A probe answer is followed by the same comparison fine-tuned (and the reverse), from the
+    comparisons table: a question about both modes is not answered by one of them."""
+    _, html, study_dir = rendered("nsp")
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    c = pd.read_csv(study_dir / "comparisons.csv")
+    probe = c[(c["task"] == "SST-2") & (c["mode"] == "probe") & (c["metric"] == "accuracy")].iloc[0]
+    assert answer.startswith("none minus nsp (objective.sentence) on SST-2 finetune accuracy: ")
+    assert f". On SST-2 probe accuracy: {100 * probe['diff']:+.1f} pp, CI [" in answer, answer
+    assert answer.count("On SST-2") == 1   # MRPC's rows stay in the table
+
+
 def test_runs_without_a_commit_are_a_provenance_warning(rendered):
     """A run that recorded no commit cannot be traced to code: the report says so in red, not as a
     quiet "unknown" line; runs that all recorded one get no warning."""

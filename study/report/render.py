@@ -219,7 +219,8 @@ def answer_sentence(sf: StudyFiles) -> dict:
         elif verdict == NOISE_WORDS and finite(ans.get("mde")):
             # "no difference seen" is not "no difference": say how large a difference could have hidden
             text += f"; it could detect only differences of ≥ {fmt_diff(ans['mde'], metric).lstrip('+')}"
-        return {"text": text + _no_gain_over_random(sf, task, mode, metric) + ".", "kind": "paired"}
+        return {"text": text + _no_gain_over_random(sf, task, mode, metric) + "." + _other_mode(sf, task, mode, metric),
+                "kind": "paired"}
     s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
     flat = plateau_runs(sf)
     if len(s) >= 1 and flat:
@@ -259,6 +260,23 @@ def answer_sentence(sf: StudyFiles) -> dict:
     bad = int(sf.runs["status"].isin(["failed", "diverged"]).sum()) if total else 0
     return {"text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
                     f"primary metric {plan.get('primary_metric')!r} has no values.", "kind": "none"}
+
+
+def _other_mode(sf: StudyFiles, task: str, mode: str, metric: str) -> str:
+    """The same comparison on the task's other downstream mode (fine-tune beside a probe answer, or the
+    reverse) as a second sentence: a question about both modes should not read as answered by one. It
+    is a secondary row (Holm-corrected), so its interval may be drawn at another level."""
+    c = sf.comparisons
+    if task == "pretrain" or c.empty:
+        return ""
+    c = c[(c["task"] == task) & (c["metric"] == metric) & (c["mode"] != mode) & (c["mode"] != "pretrain")]
+    out = ""
+    for r in c.itertuples():
+        if finite(r.diff):
+            out += (f" On {F.metric_label(task, r.mode, metric)}: {fmt_diff(r.diff, metric)}, CI "
+                    f"{fmt_ci(r.ci_low, r.ci_high, metric, diff=True, level=getattr(r, 'ci_level', None))}: "
+                    f"{_verdict_words(r.interpretation)}.")
+    return out
 
 
 def _no_gain_over_random(sf: StudyFiles, task: str, mode: str, metric: str) -> str:
