@@ -22,7 +22,7 @@ Tokens are non-pad tokens on both sides. Each side is also clocked after its fir
 log windows after that step; the Trainer from a callback at that step, device synced); the last line
 uses these steady-state rates (a compiled step spends its first steps compiling). ratio = ours / baseline.
 
-    python bench/gpu.py [--steps 100] [--out bench/out/gpu] [--corpus DIR ...]
+    python bench/gpu.py [--steps 100] [--out bench/out/gpu] [--corpus KIND:PATH ...]
     python bench/gpu.py --dry      # CPU, fp32, tiny shapes, a few steps, the embedded corpus: checks the
                                    # code path anywhere
 

@@ -7,7 +7,7 @@
 #   learn  bench/gpu_learn.yaml: its two arms' learning curves, trained side by side on the one GPU
 #          (`study curve`, evals every 250 steps), then SST-2 fine-tuning of both and of random init,
 #          aggregate and report (-> learn.tgz)
-#   speed  bench/gpu.py (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu.json),
+#   speed  bench/gpu.py (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu/gpu.json),
 #          `study plan ablations/nsp.yaml --profile gpu` (-> log.txt), then bench/gpu.py again with ours
 #          at impl.compile + pad_to max (-> gpu_compiled/gpu.json)
 #   pooling  learn's two runs fine-tuned on SST-2 again with the head on the mean of the last layer
@@ -15,6 +15,9 @@
 #          Needs learn's checkpoints: run it on the machine that ran learn, before it is given back
 #   all    tests, learn, pooling, speed
 # Usage: bash bench/gpu_check.sh [tests|learn|pooling|speed|all ...]
+# A lent machine runs one command for at most 10 minutes: DEADLINE (seconds, default 540) caps the script,
+# each part's timeout shrinking to what is left (a part with under 10 s left is skipped and says so). Run
+# `tests learn` in one call and `pooling speed` in a second on the same warm machine (docs/RESULTS.md "GPU").
 #
 # Staging, on a machine that has ../shared/data (the GPU machine prepares nothing: sentence splitting is
 # CPU-bound, minutes there): `bash bench/gpu_check.sh --stage` copies the text the check reads into
@@ -58,22 +61,31 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 log() { tee -a "$OUT/log.txt"; }
 step() { echo "=== $(date -u +%T) $*" | log; }
 R=.gpudata/results
+DEADLINE=${DEADLINE:-540}
+# run "$@" under a timeout of $1 seconds, cut to what is left of DEADLINE ($SECONDS: since the script began);
+# SIGTERM first (a run checkpoints on it), SIGKILL 15 s later if a CUDA call does not return
+tmo() {
+  local t=$1 left=$(( DEADLINE - SECONDS - 20 )); shift
+  [ "$left" -lt "$t" ] && t=$left
+  if [ "$t" -lt 10 ]; then echo "skipped, DEADLINE ${DEADLINE}s reached: $*" | log; return 124; fi
+  timeout -k 15 "$t" "$@"
+}
 
 step machine
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, transformers, tokenizers, pydantic; print('python', __import__('sys').version.split()[0],
+{ tmo 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  tmo 60 python3 -c "import torch, transformers, tokenizers, pydantic; print('python', __import__('sys').version.split()[0],
 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__,
 'tokenizers', tokenizers.__version__, 'pydantic', pydantic.__version__)"; } 2>&1 | log
 
 tests() {
   step "tests/test_cuda.py"
-  timeout "${T_TESTS:-150}" python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 | log
+  tmo "${T_TESTS:-150}" python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 | log
 }
 
 learn() {
   step "learn: two curves side by side"
   for arm in post_ln pre_ln; do
-    timeout "${T_CURVE:-330}" python3 -m study --results $R curve bench/gpu_learn.yaml --run $arm --every 250 \
+    tmo "${T_CURVE:-330}" python3 -m study --results $R curve bench/gpu_learn.yaml --run $arm --every 250 \
       --quiet > "$OUT/curve_$arm.log" 2>&1 &
   done
   wait
@@ -85,10 +97,11 @@ learn() {
   }
   pack
   step "learn: SST-2 fine-tuning, pre-trained and random init"
-  timeout "${T_FT:-180}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn.yaml \
+  tmo "${T_FT:-180}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn.yaml \
     --quiet 2>&1 | tail -n 20 | log
-  timeout 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
-  timeout 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
+  pack   # the fine-tuning results, before the aggregate (a timeout there still leaves them)
+  tmo 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
+  tmo 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn.yaml 2>&1 | tail -n 5 | log
   pack
   python3 - <<'EOF' 2>&1 | log
 import glob, json
@@ -101,21 +114,22 @@ EOF
 
 pooling() {
   step "pooling: SST-2 fine-tuning of learn's runs and random init again, the head on the mean"
-  timeout "${T_FT2:-120}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn_mean.yaml \
+  tmo "${T_FT2:-120}" python3 -m study --results $R --reports .gpudata/reports finetune bench/gpu_learn_mean.yaml \
     --quiet 2>&1 | tail -n 20 | log
-  timeout 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
-  timeout 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
+  tar czf "$OUT/pooling.tgz" $R/finetune 2>/dev/null   # the fine-tuning results, before the aggregate
+  tmo 60 python3 -m study --results $R --reports .gpudata/reports aggregate bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
+  tmo 60 python3 -m study --results $R --reports .gpudata/reports report bench/gpu_learn_mean.yaml 2>&1 | tail -n 5 | log
   tar czf "$OUT/pooling.tgz" $R/finetune $R/studies .gpudata/reports 2>/dev/null
 }
 
 speed() {
   step "bench/gpu.py"
-  timeout "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu" --results $R 2>&1 | grep -v Warning | log
+  tmo "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu" --results $R 2>&1 | grep -v Warning | log
   step "study plan ablations/nsp.yaml --profile gpu"
-  timeout 60 python3 -m study --results "$OUT/plan_results" plan ablations/nsp.yaml --profile gpu 2>&1 | log
+  tmo 60 python3 -m study --results "$OUT/plan_results" plan ablations/nsp.yaml --profile gpu 2>&1 | log
   rm -rf "$OUT/plan_results"
   step "bench/gpu.py, ours with static shapes and torch.compile"
-  timeout "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu_compiled" --results $R \
+  tmo "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu_compiled" --results $R \
     --impl compile=true pad_to=max 2>&1 | grep -v Warning | log
 }
 
