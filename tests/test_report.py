@@ -626,3 +626,10 @@ def test_a_depth_studys_scale_lists_its_shapes_smallest_first():
     configs = {h: {"model": {"layers": n, "hidden": 128, "heads": 2}} for h, n in (("a1", 4), ("b2", 8), ("c3", 2))}
     sf = SimpleNamespace(runs=pd.DataFrame({"params": [1.9e6, 2.7e6, 1.5e6]}), study={"configs": configs})
     assert our_scale(sf)["model"] == "L=2 H=128 A=2; L=4 H=128 A=2; L=8 H=128 A=2"
+
+
+def test_a_mean_and_its_interval_are_written_with_the_same_digits():
+    """Perplexity 111 [88.87, 132] mixed three significant digits with two decimals: one rule for both."""
+    from study.report.fmt import fmt_ci, fmt_value
+    assert f"{fmt_value(111.04, 'ref_ppl')} {fmt_ci(88.87, 132.0, 'ref_ppl')}" == "111.0 [88.9, 132.0]"
+    assert fmt_value(4.513, "ref_mlm_loss") == "4.51" and fmt_value(0.3456, "ref_mlm_acc") == "34.6"

@@ -18,7 +18,8 @@ def finite(x: Any) -> bool:
 
 
 def fmt_value(x: Any, metric: str) -> str:
-    """Scores in percent (one decimal), perplexity/loss two decimals, counts with separators."""
+    """Scores in percent (one decimal), counts with separators, other values (perplexity, loss) one decimal
+    from 10 up and two below: the same for a mean and the ends of its interval (111.0 [88.9, 132.0])."""
     if not finite(x):
         return "–"
     if metric in BOUNDED:
@@ -27,7 +28,7 @@ def fmt_value(x: Any, metric: str) -> str:
         return f"{x:,.0f}"
     if metric == "wall_s":
         return f"{x:,.1f}"
-    return f"{x:.3g}" if abs(x) >= 100 else f"{x:.2f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
 def fmt_diff(x: Any, metric: str) -> str:
