@@ -219,8 +219,8 @@ def answer_sentence(sf: StudyFiles) -> dict:
         elif verdict == NOISE_WORDS and finite(ans.get("mde")):
             # "no difference seen" is not "no difference": say how large a difference could have hidden
             text += f"; it could detect only differences of ≥ {fmt_diff(ans['mde'], metric).lstrip('+')}"
-        return {"text": text + _no_gain_over_random(sf, task, mode, metric) + "." + _other_mode(sf, task, mode, metric),
-                "kind": "paired"}
+        text += _no_gain_over_random(sf, task, mode, metric) + "." + _other_mode(sf, task, mode, metric)
+        return {"text": text, "kind": "paired"}
     s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
     flat = plateau_runs(sf)
     if len(s) >= 1 and flat:
