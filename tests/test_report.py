@@ -121,11 +121,15 @@ def test_level_matching_and_direction_verdicts():
     assert verdict(mk(+0.02, False))["SST-2"] == "disagrees"
     assert verdict(mk(-0.02, True))["SST-2"].startswith("ours is within seed noise (point estimate agrees")
     assert verdict(mk(-0.02, False))["QNLI"] == "not measured here"
-    # Unpaired levels: overlapping CIs are noise, separated CIs give a direction.
+    # Unpaired levels: separated CIs give a direction; overlapping ones are no verdict (not a test), not "noise"
     ours = {(0, "pretrain", "pretrain", "ref_ppl"): {"mean": 6.0, "ci_low": 5.9, "ci_high": 6.1},
             (2, "pretrain", "pretrain", "ref_ppl"): {"mean": 4.0, "ci_low": 3.9, "ci_high": 4.1}}
     rows = R.paper_vs_ours(t6, levels, ours)["rows"]
     assert {r["verdict"] for r in rows if r["column"] == "LM (ppl)" and r["b"] == "model.layers=12"} == {"agrees"}
+    ours[(2, "pretrain", "pretrain", "ref_ppl")] = {"mean": 5.8, "ci_low": 5.0, "ci_high": 6.6}
+    rows = R.paper_vs_ours(t6, levels, ours)["rows"]
+    assert {r["verdict"] for r in rows if r["column"] == "LM (ppl)" and r["b"] == "model.layers=12"} == \
+        {"not resolved: the per-level CIs overlap, no paired test (point estimate agrees)"}
 
 
 def test_trend_when_levels_are_not_in_the_table():

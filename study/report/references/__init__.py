@@ -236,8 +236,12 @@ def _verdict(paper_diff: float, ours: dict | None) -> str:
     same = ps == os_
     if ours.get("noise") is None:
         return f"{'same' if same else 'opposite'} direction, but ours has no CI (too few seeds)"
+    point = f"point estimate {'agrees' if same else 'disagrees'}"
+    if ours["noise"] and ours.get("basis") == OVERLAP:
+        # two levels' separate intervals overlapping is not a test (paired by seed they may still differ)
+        return f"not resolved: the per-level CIs overlap, no paired test ({point})"
     if ours["noise"]:
-        return f"ours is within seed noise (point estimate {'agrees' if same else 'disagrees'})"
+        return f"ours is within seed noise ({point})"
     return "agrees" if same else "disagrees"
 
 
@@ -245,13 +249,17 @@ def _finite(*xs: Any) -> bool:
     return all(isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
 
 
+OVERLAP = "per-level 95% CIs overlap"
+
+
 def unpaired(a: dict, b: dict) -> dict:
-    """b - a from two per-level summaries; noise when their 95% CIs overlap (conservative)."""
+    """b - a from two per-level summaries. Separated 95% CIs give a direction (conservatively); overlapping
+    ones are no verdict either way (`_verdict`: "not resolved"), since they are not a test."""
     noise = None
     if _finite(a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
         noise = not (b["ci_low"] > a["ci_high"] or b["ci_high"] < a["ci_low"])
     return {"diff": b["mean"] - a["mean"], "ci_low": None, "ci_high": None, "noise": noise,
-            "basis": "per-level 95% CIs overlap" if noise else "per-level 95% CIs"}
+            "basis": OVERLAP if noise else "per-level 95% CIs"}
 
 
 def _default_pairs(matched: dict[int, Row], levels: list[dict[str, Any]], b: int) -> list[tuple[int, int]]:
