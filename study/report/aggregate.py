@@ -27,6 +27,9 @@ from study.report import stats as S
 NOISE_WORDS = "indistinguishable from noise"
 TOO_FEW_WORDS = "too few seeds for an interval"
 SAME_WORDS = "no test of seed noise"
+# compare's notes after a verdict, "(paired on k of m seeds)" and "(averaged over X within each seed)":
+# the report's headline keeps them when it shortens the verdict (render._verdict_words)
+PAIRED_NOTE, AVERAGED_NOTE = "paired on", "averaged over"
 
 
 def interpret(n: int, lo: float, hi: float, p_decide: float, a: str = "a", b: str = "b", *,
@@ -212,10 +215,9 @@ def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for key, g in _units(tidy, by).groupby(by, dropna=False):
-        iv = S.mean_interval(g["value"])   # n: the finite units the mean and the interval use
+        iv = S.mean_interval(g["value"])   # iv.n: the finite units the mean and the interval use
         rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
-                     "n": int(np.isfinite(g["value"].to_numpy(dtype=float)).sum()), "ci_low": iv.low,
-                     "ci_high": iv.high, "ci_method": iv.method})
+                     "n": iv.n, "ci_low": iv.low, "ci_high": iv.high, "ci_method": iv.method})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -252,7 +254,7 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others
         shared = set(cell[t[fac].astype(str) == str(spec["a"])]) & set(cell[t[fac].astype(str) == str(spec["b"])])
         t = t[cell.isin(shared)]
         if len(shared) > 1:
-            averaged = f" (averaged over {', '.join(others)} within each seed)"
+            averaged = f" ({AVERAGED_NOTE} {', '.join(others)} within each seed)"
     per = _per_seed(t, ["task", "mode", "metric", fac])
     pairs = []
     for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
@@ -273,7 +275,7 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others
         words = interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]),
                           method=iv.method)
         if iv.n < n_any:  # seeds that only one level has cannot be paired: say so, never drop them silently
-            words += f" (paired on {iv.n} of {n_any} seeds)"
+            words += f" ({PAIRED_NOTE} {iv.n} of {n_any} seeds)"
         words += averaged
         rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
                      "mean_a": a.mean(), "mean_b": b.mean(), "diff": iv.estimate, "sd_diff": iv.sd,

@@ -298,19 +298,18 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     # The reference panel matters here: a split changes what the model sees at the asked positions, and
     # how fast it leaves the unigram plateau, before any downstream task is involved.
     ref = s[(s["task"] == "pretrain") & s["metric"].isin(list(REF_ACCURACY))]
-    panels = [("reference MLM accuracy", ref.assign(what=ref["metric"].map(REF_ACCURACY)))]
+    panels = [("reference MLM accuracy", "pretrain", ref.assign(what=ref["metric"].map(REF_ACCURACY)))]
     for mode, title in (("finetune", "fine-tune"), ("probe", "feature-based (probe)")):
         p = s[(s["mode"] == mode) & (s["task"] != "pretrain") & ~s["metric"].isin(COST_METRICS)]
-        panels.append((title, p.assign(what=p["task"] + " " + p["metric"])))
-    if all(p.empty for _, p in panels):
+        panels.append((title, mode, p.assign(what=p["task"] + " " + p["metric"])))
+    if all(p.empty for _, _, p in panels):
         d.skipped = "no reference, fine-tune or probe scores yet"
         return d
     fig, axes = _fig(3)
     order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
     random = summary[summary["init"] == "random"] if "init" in summary else summary.iloc[:0]
     random = random.assign(what=random["task"] + " " + random["metric"])
-    mode_of = {"fine-tune": "finetune", "feature-based (probe)": "probe", "reference MLM accuracy": "pretrain"}
-    for ax, (title, p) in zip(axes, panels):
+    for ax, (title, mode, p) in zip(axes, panels):
         ax.set_title(title)
         if p.empty:
             ax.text(0.5, 0.5, f"no {title} scores", ha="center", transform=ax.transAxes)
@@ -324,7 +323,7 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
             line = ax.errorbar(xs, g["mean"], yerr=_yerr(g), fmt="o", capsize=3, label=what)
             # the random-init baseline (the same for every split: one architecture), so a reader sees
             # at once whether pre-training bought anything on this task
-            rnd = random[(random["mode"] == mode_of[title]) & (random["what"] == what)]["mean"].unique()
+            rnd = random[(random["mode"] == mode) & (random["what"] == what)]["mean"].unique()
             if len(rnd) == 1:
                 ax.axhline(rnd[0], ls=":", color=line[0].get_color(), label=f"{what}, random init")
         ax.set_xticks(range(len(order)), order, rotation=30)

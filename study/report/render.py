@@ -30,7 +30,7 @@ from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 from study.metrics import COST_METRICS, param_columns, parse_metric
 from study.report import figures as F
 from study.report import stats as S
-from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS
+from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS
 from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
 from study.report.papers import reference_sections
 
@@ -97,11 +97,11 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 def _verdict_words(interpretation: str) -> str:
     s = str(interpretation or "")
-    # aggregate.compare's notes ("(paired on k of m seeds)", "(averaged over X within each seed)") stay
-    notes = "".join(f" {m}" for m in re.findall(r"\((?:paired on|averaged over) [^()]*\)", s))
+    notes = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"   # aggregate.compare's notes after the verdict stay
+    kept = "".join(f" {m}" for m in re.findall(rf"\({notes} [^()]*\)", s))
     if NOISE_WORDS in s:
-        return NOISE_WORDS + notes
-    return re.sub(r"\s+at n=\d+ seeds(?=$| \((?:paired on|averaged over))", "", s) or "no verdict"
+        return NOISE_WORDS + kept
+    return re.sub(rf"\s+at n=\d+ seeds(?=$| \({notes})", "", s) or "no verdict"
 
 
 def methods_sentence(sf: StudyFiles) -> str:
