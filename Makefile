@@ -26,7 +26,7 @@ smoke: $(STAMP)
 	@echo "report: reports/smoke/index.html"
 
 test: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra -m "not slow"
@@ -34,6 +34,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/data.py
+	$(BIN)/python bench/instances.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/mlm_loss.py
 	$(BIN)/python bench/search.py

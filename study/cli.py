@@ -213,8 +213,10 @@ def _ft_summary(results: list[dict]) -> str:
         if "primary" in r and isinstance(r["primary"], (int, float)):
             by.setdefault((r["task"], r["mode"]), []).append(r["primary"])
     skipped = sorted({r["task"] for r in results if "skipped" in r})
+    diverged = sorted((r["task"], r["seed"]) for r in results if "diverged" in r)
     parts = [f"{t} {m} {_pct(sum(v) / len(v))}" for (t, m), v in sorted(by.items())]
-    return ", ".join(parts + [f"{t} skipped" for t in skipped]) or "no results"
+    return ", ".join(parts + [f"{t} skipped" for t in skipped]
+                     + [f"{t} seed {s} DIVERGED" for t, s in diverged]) or "no results"
 
 
 def cmd_finetune(args) -> int:

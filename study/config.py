@@ -67,7 +67,10 @@ class CorpusSource(Strict):
     - wikitext: WikiText raw files (a file or a folder of *.raw / *.txt)
     - gutenberg: Project Gutenberg .txt books (a file or folder); header/footer stripped
     - hf: a Hugging Face dataset through `datasets.load_dataset(name, config, split, revision=revision)`;
-      `name` may also be a local dataset folder (`save_to_disk` output or data files)
+      `name` may also be a local dataset folder (`save_to_disk` output or data files). `rows` says what
+      a row is: `document` (one document per row), `lines` (rows are lines; blank rows separate
+      documents) or `wikitext` (rows are WikiText lines: one document per article, detokenized, as the
+      wikitext kind reads files). Unset, it is `wikitext` for a name containing "wikitext", else `document`.
     """
 
     kind: Literal["embedded", "text", "wikitext", "gutenberg", "hf"]
@@ -75,9 +78,15 @@ class CorpusSource(Strict):
     name: str | None = None
     config: str | None = None
     split: str = "train"
-    revision: str | None = None  # hf hub: a commit/tag/branch; None = what the local hub cache holds
+    # hf hub: a commit/tag/branch, in the run hash. None = what the local hub cache holds, hashed as "unpinned"
+    # (the commit read is recorded in the data folder's stats.json)
+    revision: str | None = None
     text_column: str = "text"
     max_documents: int | None = Field(default=None, ge=1)
+    # hf only. Chosen by the config, never by the rows (one blank row must not turn a dataset of books into
+    # paragraph documents), and resolved below so that it is in the run hash; None (other kinds) is left out
+    # of the dump, which keeps their hashes what they were before the field existed.
+    rows: Literal["document", "lines", "wikitext"] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="before")
     @classmethod
@@ -100,6 +109,11 @@ class CorpusSource(Strict):
             raise ValueError(f"a '{self.kind}' source needs `path`")
         if self.kind == "hf" and not self.name:
             raise ValueError("an 'hf' source needs `name` (hub id or local dataset folder)")
+        if self.kind != "hf" and self.rows is not None:
+            raise ValueError(f"`rows` is for 'hf' sources; a '{self.kind}' source is read by its kind")
+        if self.kind == "hf" and self.rows is None:
+            # WikiText on the hub is one row per line with a blank row around every heading and paragraph
+            self.rows = "wikitext" if "wikitext" in self.name.lower() else "document"
         return self
 
 
@@ -108,9 +122,10 @@ class CorpusConfig(Strict):
     valid_fraction: float = Field(default=0.05, gt=0, lt=0.5)
     test_fraction: float = Field(default=0.05, ge=0, lt=0.5)
     split_seed: Seed = 0
-    # What the sources contain (sizes + sha256 of every file read; a hub dataset's name/config/split/
-    # revision), so that an edited corpus is a new data_hash and new run hashes. Resolved, never written by
-    # hand: study.data.corpus.with_fingerprint fills it where a config enters (spec runs, search trials, the
+    # What the sources contain (sizes + sha256 of every file read; a hub dataset's name/config/split and its
+    # pinned revision, or "unpinned": never the commit the local cache happens to hold), so that an edited
+    # corpus is a new data_hash and new run hashes. Resolved, never written by hand:
+    # study.data.corpus.with_fingerprint fills it where a config enters (spec runs, search trials, the
     # trainer's driver) and checks a value already there against the files; a spec that sets it is an error.
     # None only in configs built in code (tests, library calls): prepare_data still refuses stale data then.
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
@@ -196,6 +211,10 @@ class ModelConfig(Strict):
 
 
 class TrainConfig(Strict):
+    # "seconds" trains for wall-clock time: how many steps that is depends on the machine, its load and
+    # the `impl` speed settings, none of which enter the run hash, so two folders of one hash may hold
+    # different models and a resume is not bitwise (meta.json: bitwise_resume false). For a fixed-cost
+    # comparison on one machine only; the shipped specs use steps.
     budget: Literal["steps", "tokens", "seconds"] = "steps"
     amount: float = Field(default=200, gt=0)  # steps, tokens or wall-clock seconds, per `budget`
     batch_size: int = Field(default=32, ge=1)  # global batch, sequences per optimizer step

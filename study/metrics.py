@@ -80,8 +80,10 @@ def parse_metric(spec: str | None, *, field: str = "metric", source: str | None 
 # the report (study/report/render.py, figures.py), which must not import the search stage: both use
 # these names. Parameter columns are spelled like optuna's `Study.trials_dataframe()` (`params_<key>`),
 # so that table fits the report as it is too.
+# run_hashes: every seed's run of the trial (JSON list; run_hash names the first); commit: the worker's code
 TRIAL_COLUMNS = ("number", "state", "value", "params", "run_hash", "tokens", "tokens_total", "reused",
-                 "retry_of", "duplicate_of", "worker", "datetime_start", "datetime_complete")
+                 "retry_of", "duplicate_of", "worker", "datetime_start", "datetime_complete", "run_hashes",
+                 "commit")
 PARAM_PREFIX = "params_"
 
 

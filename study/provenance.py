@@ -28,23 +28,30 @@ def git_info() -> dict:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    def checkout(cwd: Path | None = None, **extra) -> dict | None:
-        commit = git("rev-parse", "HEAD", cwd=cwd)
+    def checkout(pkg: Path) -> dict | None:
+        """The checkout the package's files are tracked in (a site-packages copy inside some repository's
+        ignored .venv is not), its HEAD, and whether code or specs differ from it: tracked files anywhere
+        in it (what the pipeline rewrites excepted), or a file in the package that git does not track."""
+        if not git("ls-files", ".", cwd=pkg):
+            return None
+        commit = git("rev-parse", "HEAD", cwd=pkg)
         if commit is None:
             return None
         status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                     *(f":(top,exclude){p}" for p in PIPELINE_WRITES), cwd=cwd)
-        return {"commit": commit, "dirty": bool(status) if status is not None else None, **extra}
+                     *(f":(top,exclude){p}" for p in PIPELINE_WRITES), cwd=pkg)
+        untracked = git("status", "--porcelain", "--untracked-files=all", "--", ".", cwd=pkg)
+        dirty = None if status is None or untracked is None else bool(status) or "??" in untracked
+        return {"commit": commit, "dirty": dirty, "source": "package checkout"}
 
-    if (here := checkout()) is not None:
+    # The code that ran is the package's, wherever the command runs from: a working directory that is
+    # another repository (a researcher's own, importing study) says nothing about it.
+    if (here := checkout(PACKAGE_DIR)) is not None:
         return here
     if exported := archive_commit():
         # a `git archive` copy (how long studies here run from a frozen tree): the commit it was exported
         # from; whether it was edited since is unknown
         return {"commit": exported, "dirty": None, "source": "git archive"}
-    # run from outside any checkout, with the package imported from one (an editable install): the commit
-    # of the code that ran, not of the folder it ran in
-    return checkout(PACKAGE_DIR, source="package checkout") or {"commit": None, "dirty": None}
+    return {"commit": None, "dirty": None}
 
 
 # `git archive` writes the commit it exports into this file (.gitattributes: export-subst); in a clone it

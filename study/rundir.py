@@ -8,7 +8,9 @@ run the same way. One error policy for all of them:
   status.json unreadable (not JSON, no "status") -> "pending" too: it is written atomically, so this
   only happens to a file damaged from outside, and "pending" makes the run train again (from its
   checkpoints, or from scratch), which is always safe because training is deterministic;
-- metrics.json / meta.json absent -> {};
+- metrics.json / meta.json / config.json absent -> {}; unreadable (damaged from outside: a cut copy) -> {}
+  too, with a warning on stderr, so one bad file cannot stop a study's aggregate; a "done" run without
+  metrics trains again (study/pretrain/trainer.py), as an unreadable status does;
 - history.jsonl / events.jsonl: a line cut by a kill (not JSON) is skipped, never fatal.
 
     config.json    the resolved RunConfig (+ run_hash)
@@ -23,6 +25,7 @@ run the same way. One error policy for all of them:
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +128,14 @@ class RunDir:
 
 
 def _read_dict(path: Path) -> dict:
-    return read_json(path) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        found = read_json(path)
+    except (OSError, ValueError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        print(f"warning: {path} is unreadable ({type(exc).__name__}); read as empty", file=sys.stderr)
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _append_line(path: Path, line: dict) -> None:

@@ -210,17 +210,56 @@ def test_hf_load_dataset_on_local_data_files(tmp_path, hf_cache):
     js.mkdir()
     (js / "train.jsonl").write_text("\n".join(json.dumps({"text": r}) for r in ROWS) + "\n", encoding="utf-8")
     assert list(read_hf(CorpusSource(kind="hf", name=str(js)))) == EXPECTED
-    # line-based data (datasets' "text" builder: one row per line): blank rows separate documents
+    # line-based data (datasets' "text" builder: one row per line): with rows=lines blank rows separate documents
     tx = tmp_path / "txt"
     tx.mkdir()
     (tx / "train.txt").write_text("Line one. More.\nline two\n\nDoc two.\n", encoding="utf-8")
-    assert list(read_hf(CorpusSource(kind="hf", name=str(tx)))) == [["Line one.", "More.", "line two"], ["Doc two."]]
+    lines = CorpusSource(kind="hf", name=str(tx), rows="lines")
+    assert list(read_hf(lines)) == [["Line one.", "More.", "line two"], ["Doc two."]]
     # the shorthand goes through load_corpus too
     corpus = load_corpus(_cfg(f"hf:{js}:train"), progress=False)
     assert sorted(map(tuple, corpus.train + corpus.valid + corpus.test)) == sorted(map(tuple, EXPECTED))
     with pytest.raises(StudyError) as ei:
         list(read_hf(CorpusSource(kind="hf", name=str(js), split="validation")))
     assert ei.value.field == "corpus.sources.name"
+
+
+def _wikitext_rows(text: str) -> list[str]:
+    """WikiText as the hub stores it: a row per line, ending in "\\n", and an empty row per blank line."""
+    return [f"{ln}\n" if ln.strip() else "" for ln in text.split("\n")]
+
+
+def test_hf_wikitext_rows_are_read_as_articles(tmp_path, hf_cache):
+    """WikiText from the hub (a blank row around every heading and paragraph) is one document per article,
+    detokenized, exactly as the wikitext kind reads its files: not a document per paragraph and heading."""
+    (tmp_path / "wiki.raw").write_text(WIKI, encoding="utf-8")
+    want = list(read_wikitext(str(tmp_path / "wiki.raw")))
+    hf_cache.Dataset.from_dict({"text": _wikitext_rows(WIKI)}).save_to_disk(str(tmp_path / "wikitext-103-raw"))
+    by_name = CorpusSource.model_validate(f"hf:{tmp_path / 'wikitext-103-raw'}:train")
+    assert by_name.rows == "wikitext" and "rows" in by_name.model_dump()  # resolved: in the run hash
+    docs = list(read_hf(by_name))
+    assert docs == want and len(docs) == 2 and docs[0][0] == "Alpha is a letter-like thing."
+    # any other name reads it so when asked
+    hf_cache.Dataset.from_dict({"text": _wikitext_rows(WIKI)}).save_to_disk(str(tmp_path / "wt"))
+    assert list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "wt"), rows="wikitext"))) == want
+
+
+def test_hf_wikitext_rows_real(tmp_path, shared_data, hf_cache):
+    raw = shared_data / "wikitext-2-raw" / "wiki.valid.raw"
+    rows = _wikitext_rows(_read_text(raw))
+    hf_cache.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "wikitext-2"))
+    docs = list(read_hf(CorpusSource.model_validate(f"hf:{tmp_path / 'wikitext-2'}")))
+    assert len(docs) == 60 and docs == list(read_wikitext(str(raw)))  # 60 articles
+    assert not any(" @-@ " in s or s.startswith("= =") for d in docs for s in d)
+
+
+def test_hf_document_rule_does_not_depend_on_the_rows(tmp_path, hf_cache):
+    """One empty row (a book with no text) must not turn a dataset of books into blank-line blocks."""
+    hf_cache.Dataset.from_dict({"text": [ROWS[0], "", *ROWS[1:], None]}).save_to_disk(str(tmp_path / "books"))
+    src = CorpusSource(kind="hf", name=str(tmp_path / "books"))
+    assert src.rows == "document" and list(read_hf(src)) == EXPECTED
+    with pytest.raises(ValueError, match="rows"):  # only an hf source has rows
+        CorpusSource(kind="text", path="x.txt", rows="lines")
 
 
 def test_hf_unreachable_hub_is_a_study_error(hf_cache):
@@ -263,6 +302,20 @@ def test_adding_a_source_does_not_move_existing_documents(tmp_path):
         assert mine == one.split(name)
         assert len(two.origin[name]) == len(two.split(name))
     assert [s["documents"] for s in two.per_source] == [400, 50]
+
+
+def test_split_is_keyed_by_position_not_contents(tmp_path):
+    """What docs/DATA.md "Split" says: the key is (seed, source index, position in the source), so a
+    document inserted early re-draws every later one, and equal documents are drawn independently."""
+    f = _many_docs(tmp_path)
+    one = load_corpus(_cfg(f"text:{f}"), progress=False)
+    f.write_text("An inserted first document.\n\n" + f.read_text(encoding="utf-8"), encoding="utf-8")
+    two = load_corpus(_cfg(f"text:{f}"), progress=False)
+    assert [d for d in two.valid if d != ["An inserted first document."]] != one.valid
+    same = tmp_path / "same.txt"
+    same.write_text("\n\n".join(["The same document."] * 400), encoding="utf-8")
+    dup = load_corpus(_cfg(f"text:{same}"), progress=False)
+    assert dup.train and dup.valid and dup.train[0] == dup.valid[0]  # one text, two splits
 
 
 def test_tiny_corpus_still_gets_train_and_valid(tmp_path):
@@ -327,6 +380,52 @@ def test_fingerprint_of_hf_sources(tmp_path, hf_cache):
     for f in (tmp_path / "local2").iterdir():  # the same folder, rewritten with other rows
         (tmp_path / "local" / f.name).write_bytes(f.read_bytes())
     assert fingerprint(local) != before
+
+
+def test_unpinned_hub_fingerprint_does_not_follow_the_cache(tmp_path, monkeypatch):
+    """A download writes refs/main into the hub cache: the identity of an unpinned source must not move
+    with it (study plan before and after a download would show other run hashes). A pin is identity."""
+    from huggingface_hub import constants
+
+    from study.data.corpus import fingerprint
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    hub = _cfg("hf:someone/some-dataset@cfg:train")
+    before = fingerprint(hub)
+    ref = tmp_path / "hub" / "datasets--someone--some-dataset" / "refs" / "main"
+    ref.parent.mkdir(parents=True)
+    ref.write_text("0123abcd" * 5, encoding="utf-8")
+    assert fingerprint(hub) == before
+    pins = [CorpusConfig(sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision=r)])
+            for r in ("abc", "def")]
+    assert len({before, *map(fingerprint, pins)}) == 3
+
+
+def test_prepare_downloading_an_unpinned_hub_source(tmp_path, hf_cache, monkeypatch):
+    """The first online prepare downloads the dataset, which writes refs/main between prepare_data's two
+    fingerprints: that is no edit. The commit read is recorded in stats.json; a second prepare reuses it."""
+    from huggingface_hub import constants
+
+    from study.config import RunConfig
+    from study.data.prepare import prepare_data
+    from study.paths import Layout
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    commit = "0123abcd" * 5
+    rows = [f"Document {i} tells of the {c} cat. It sat on the {c} mat." for i in range(40)
+            for c in [("red", "green", "blue")[i % 3]]]
+
+    def download(name, config=None, split=None, revision=None):
+        ref = Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / "main"
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit, encoding="utf-8")
+        return hf_cache.Dataset.from_dict({"text": rows})
+
+    monkeypatch.setattr(hf_cache, "load_dataset", download)
+    cfg = RunConfig.model_validate({"corpus": {"sources": ["hf:someone/books:train"], "valid_fraction": 0.1},
+                                    "tokenizer": {"vocab_size": 128}})
+    layout = Layout(root=tmp_path / "results")
+    first = prepare_data(cfg, layout, progress=False)
+    assert first.stats["sources"][0]["revision"] == commit and first.stats["sources"][0]["documents"] == 40
+    assert prepare_data(cfg, layout, progress=False).dir == first.dir
 
 
 def test_with_fingerprint_fills_then_checks(tmp_path):

@@ -123,7 +123,7 @@ def test_training_on_cuda_impl_settings_seed_and_bf16(corpus, layout, record):
     rel = float(np.max(np.abs(np.array(losses(run)) - fp32) / fp32))
     record(impl_max_abs_diff=impl_diff, rerun_bitwise=rerun_bitwise, rerun_max_abs_diff=rerun_diff,
            bf16_vs_fp32_max_rel=rel, resolved_precision=meta.get("precision"))
-    assert meta["precision"] == "torch.bfloat16"
+    assert meta["precision"] == "bf16"
     assert 0 < rel < 0.02, rel
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 import study.data.corpus as corpus_mod
@@ -385,3 +386,29 @@ def test_missing_source_at_prepare_is_a_study_error_and_writes_nothing(tmp_path)
         prepare_data(cfg, Layout(root=root), progress=False)
     assert ei.value.field == "corpus.sources[1].path" and "does not exist" in str(ei.value)
     _assert_nothing_written(root)
+
+
+def test_reference_set_is_the_same_whatever_the_run_trains(tiny):
+    """The fixed reference (docs/ARCHITECTURE.md): the same rows, the same asked positions and the same
+    shown tokens for runs that differ in masking rate, unit, replacement split, objective and format;
+    only the row length (objective.max_seq_len) and train.eval_sequences choose what it is."""
+    from study.pretrain.evaluate import reference_set
+
+    cfg, layout = tiny
+    prepared = prepare_data(cfg, layout, progress=False)
+    base = cfg.model_dump()
+    variants = [cfg] + [RunConfig.model_validate({**base, **change}) for change in (
+        {"masking": {**base["masking"], "rate": 0.4, "unit": "whole_word"}},
+        {"masking": {**base["masking"], "mask": 0.0, "random": 0.0, "keep": 1.0}},
+        {"objective": {**base["objective"], "format": "doc_sentences", "sentence": "none"}})]
+    for v in variants[1:]:
+        assert v.data_hash() == cfg.data_hash() and v.run_hash() != cfg.run_hash()
+    sets = [reference_set(v, prepared) for v in variants]
+    assert sets[0].labels.ne(-100).any() and sets[0].input_ids.eq(prepared.special.mask).any()
+    for s in sets[1:]:
+        for f in ("input_ids", "labels", "attention_mask", "token_type_ids"):
+            assert torch.equal(getattr(s, f), getattr(sets[0], f)), f
+    # and it does move with what should move it: another row length is another reference
+    longer = RunConfig.model_validate({**base, "objective": {**base["objective"],
+                                                             "max_seq_len": cfg.objective.max_seq_len // 2}})
+    assert reference_set(longer, prepared).input_ids.shape[1] != sets[0].input_ids.shape[1]

@@ -332,3 +332,45 @@ def test_bad_tsv_names_file_and_row(tmp_path):
         finetune_run(cfg, layout, quiet=True)
     assert f"{bad}:8" in str(e.value)
     assert not list(layout.finetune_dir(cfg.run_hash()).rglob("*.json"))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_diverging_seed_is_recorded_and_the_rest_go_on(done, tmp_path, monkeypatch, batched):
+    """A non-finite fine-tuning loss stops that seed only (before: it escaped and stopped the whole study,
+    with no record): its file says `diverged`, the other seed scores, a second call reuses both, and the
+    aggregate lists the seed apart instead of averaging it."""
+    from study.report.aggregate import collect
+
+    cfg = make_cfg(done["glue"], tasks=["SST-2"], seeds=[0, 1], probe=False, epochs=1)
+    cfg = cfg.model_copy(update={"impl": cfg.impl.model_copy(update={"finetune_batched_seeds": batched})})
+    layout = Layout(root=tmp_path / "results")
+    shutil.copytree(done["layout"].run_dir(cfg.run_hash()) / "model", layout.run_dir(cfg.run_hash()) / "model")
+    real_step, real_seeds = ft_mod.finetune_step, ft_mod.batched.finetune_seeds
+
+    def step(model, opt, batch, labels, *a):
+        if torch.initial_seed() == 1:   # _finetune_one seeds torch with the fine-tune seed
+            raise FloatingPointError("non-finite loss nan")
+        return real_step(model, opt, batch, labels, *a)
+
+    def seeds(cfg_, spec, bert, train, dev, todo, *a):
+        raise FloatingPointError("non-finite loss nan")
+    monkeypatch.setattr(ft_mod, "finetune_step", step)
+    monkeypatch.setattr(ft_mod.batched, "finetune_seeds", seeds)
+    res = finetune_run(cfg, layout, quiet=True)
+    by_seed = {r["seed"]: r for r in res}
+    assert "diverged" in by_seed[1] and "metrics" not in by_seed[1] and "nan" in by_seed[1]["diverged"]
+    if batched:   # the stacked group stops as one: every seed of it says so
+        assert "diverged" in by_seed[0] and "trained together" in by_seed[0]["diverged"]
+    else:
+        assert by_seed[0]["metrics"]["accuracy"] > 0.5
+    fh = cfg.finetune_hash()
+    assert json.loads(result_path(layout, cfg.run_hash(), "SST-2", fh, "finetune", 1).read_text()) == by_seed[1]
+    monkeypatch.setattr(ft_mod, "finetune_step", real_step)
+    monkeypatch.setattr(ft_mod.batched, "finetune_seeds", real_seeds)
+    assert finetune_run(cfg, layout, quiet=True) == res   # kept like a result (deterministic: same again)
+    plan = {"name": "t", "finetune_hash": fh, "runs": [{"run_hash": cfg.run_hash(), "label": "a", "seed": 0}]}
+    c = collect(plan, layout)
+    assert [(p["task"], p["seed"]) for p in c["finetune_problems"]] == ([("SST-2", 0)] if batched else []) + \
+        [("SST-2", 1)]
+    ft_rows = c["tidy"][c["tidy"]["task"] == "SST-2"]
+    assert set(ft_rows["finetune_seed"]) == (set() if batched else {0})

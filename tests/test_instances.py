@@ -1,4 +1,4 @@
-"""Pre-training instances on real text: pair semantics, packing, determinism, speed, errors.
+"""Pre-training instances on real text: pair semantics, packing, determinism, errors (speed: bench/instances.py).
 
 The real-text fixture is ~1M WordPiece tokens of 14 Gutenberg books (tokenizer trained here).
 Sentences are cut by a regex, not pysbd (~600 sentences/s would take over a minute): instance
@@ -6,8 +6,6 @@ building only needs sentence and document boundaries, not good ones. "Documents"
 paragraphs, so NSP has hundreds of documents to draw from.
 """
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -274,18 +272,3 @@ def test_empty_split_names_field():
     empty = TokenizedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(2, np.int64))
     with pytest.raises(StudyError, match="corpus.sources"):
         build_instances(empty, ObjectiveConfig(format="doc_sentences", sentence="none"), SP, seed=0)
-
-
-# --------------------------------------------------------------------------- speed
-def test_speed(real):
-    """CPU time (not wall: the machine is shared). Packed formats >= 1M tokens/s; pairs reported."""
-    split, sp, _ = real
-    rates = {}
-    for fmt, sent in [("doc_sentences", "none"), ("full_sentences", "none"), ("segment_pair", "nsp")]:
-        obj = ObjectiveConfig(format=fmt, sentence=sent)
-        t = time.process_time()
-        build_instances(split, obj, sp, seed=0)
-        rates[fmt] = split.n_tokens / max(time.process_time() - t, 1e-9)
-    print({k: f"{v / 1e6:.1f}M tok/s" for k, v in rates.items()})
-    assert rates["doc_sentences"] >= 1e6 and rates["full_sentences"] >= 1e6
-    assert rates["segment_pair"] >= 3e5

@@ -9,7 +9,6 @@ uint64 SplitMix64, and both generators' masks are pinned by digests (CPU against
 from __future__ import annotations
 
 import hashlib
-import time
 
 import numpy as np
 import pytest
@@ -257,23 +256,6 @@ def test_span_rates_real(rows, count):
         cfg = MaskingConfig(rate=rate, unit="span", count=count)
         sel = select_units(ids, cfg, sp, cont, torch.Generator().manual_seed(1)) >= 0
         assert abs(int(sel.sum()) / maskable - rate) < 0.002, (rate, int(sel.sum()) / maskable)
-
-
-def test_speed_32x128(rows):
-    """CPU time per training batch (mask_rows, 32 x 128, the default generator)."""
-    ids, sp, cont = rows
-    batch = ids[:32]
-    out = {}
-    for unit in ("token", "whole_word", "span"):
-        cfg = MaskingConfig(unit=unit)
-        keys = [(0, i, 0) for i in range(32)]
-        mask_rows(batch, cfg, sp, cont, keys)
-        t = time.process_time()
-        for _ in range(5):
-            mask_rows(batch, cfg, sp, cont, keys)
-        out[unit] = (time.process_time() - t) / 5
-    print({k: f"{v * 1e3:.1f} ms" for k, v in out.items()})
-    assert max(out.values()) < 0.1
 
 
 @pytest.mark.parametrize("generator", GENERATORS)

@@ -76,3 +76,12 @@ def test_every_reader_sees_a_damaged_run_folder_the_same_way(tmp_path):
     assert json.loads((layout.root / "metrics" / f"{run.run_hash}.json").read_text()) == {"status": "pending"}
     curve = pd.read_csv(layout.root / "plots" / f"{run.run_hash}.csv")
     assert list(curve["step"]) == [1]
+    # a done run whose metrics.json (or meta.json) was cut: read as empty by every reader, with a warning,
+    # so the aggregate goes on (before: a JSONDecodeError stopped it), and the trainer would train it again
+    from study.pretrain.trainer import finished_metrics
+    rd.write_status("done", None, 10)
+    rd.metrics_path.write_text('{"ref_mlm_acc": 0.2')
+    rd.meta_path.write_bytes(b"\xff\xfe not json")
+    assert rd.metrics() == {} and rd.meta() == {} and finished_metrics(rd) is None
+    c = collect(plan, layout)
+    assert list(c["runs"]["status"]) == ["done"] and c["tidy"].empty

@@ -328,21 +328,18 @@ def test_stop_ends_a_worker_that_spent_its_sigterm_and_kills_one_past_the_timeou
                                                                                   killed, capsys):
     import multiprocessing
     import signal
-    import time
 
     from study.parallel import _stop
     proc = multiprocessing.get_context("spawn").Process(target=target, args=(str(tmp_path),))
     proc.start()
     try:
         assert _wait_for(lambda: (tmp_path / "ready").exists(), 60)
-        t0 = time.monotonic()
         _stop([proc], timeout)
         assert not proc.is_alive()
         assert (proc.exitcode == -signal.SIGKILL) is killed, proc.exitcode
         assert ("did not stop within" in capsys.readouterr().err) is killed
-        if not killed:   # ended by its second SIGTERM, about a second after the first, not by the timeout
+        if not killed:   # ended by its second SIGTERM (the exit code), after its checkpoint, not by the timeout
             assert proc.exitcode == -signal.SIGTERM and (tmp_path / "checkpoint").exists()
-            assert time.monotonic() - t0 < timeout / 2
     finally:
         if proc.is_alive():
             proc.kill()

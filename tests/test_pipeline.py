@@ -516,6 +516,7 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path / "study")
 
     def dirty():
         provenance.git_info.cache_clear()
@@ -524,12 +525,49 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     (tmp_path / "pipeline" / "study-a.json").write_text("{}\n")
     (tmp_path / "dvc.lock").write_text("1\n")
     assert dirty() is False
+    (tmp_path / "notes.txt").write_text("an untracked file beside the code is not code\n")
+    assert dirty() is False
+    (tmp_path / "study" / "new_masking.py").write_text("# untracked code inside the package is\n")
+    assert dirty() is True
+    (tmp_path / "study" / "new_masking.py").unlink()
     monkeypatch.chdir(tmp_path / "study")   # the same answer from a subfolder
     assert dirty() is False
     (tmp_path / "study" / "x.py").write_text("1\n")
     assert dirty() is True
     monkeypatch.chdir(tmp_path / "pipeline")
     assert dirty() is True
+
+
+def test_the_commit_is_the_packages_not_the_working_directorys(tmp_path, monkeypatch):
+    """Run from inside another repository (a researcher's project that imports study): provenance names
+    the commit of the code that ran. Before, it named the working directory's HEAD."""
+    import subprocess
+
+    from study import provenance
+
+    def repo(path, name):
+        (path / name).mkdir(parents=True)
+        (path / name / "x.py").write_text(f"{name}\n")
+        for a in (("init", "-q"), ("add", "-A"), ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")):
+            subprocess.run(["git", *a], cwd=path, check=True, capture_output=True)
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
+    code, other = repo(tmp_path / "code", "study"), repo(tmp_path / "project", "src")
+    assert code != other
+    monkeypatch.chdir(tmp_path / "project")
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path / "code" / "study")
+    provenance.git_info.cache_clear()
+    try:
+        assert provenance.git_info()["commit"] == code
+        # a copy of the package inside the project's (ignored) folder is not tracked there: not its commit
+        inside = tmp_path / "project" / ".venv" / "study"
+        inside.mkdir(parents=True)
+        (tmp_path / "project" / ".gitignore").write_text(".venv/\n")
+        monkeypatch.setattr(provenance, "PACKAGE_DIR", inside)
+        monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", inside / "COMMIT")
+        provenance.git_info.cache_clear()
+        assert provenance.git_info()["commit"] is None
+    finally:
+        provenance.git_info.cache_clear()
 
 
 def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):

@@ -307,6 +307,42 @@ def test_the_answer_gives_the_other_downstream_mode_too(rendered):
     assert answer.count("On SST-2") == 1   # MRPC's rows stay in the table
 
 
+def _table_cells(html: str, section: str) -> list[list[str]]:
+    """The <td> texts of each body row of a report section's table."""
+    part = html.split(f'id="{section}"')[1].split("<h2")[0]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in re.findall(r"<tr[^>]*>(.*?)</tr>", part, re.S)]
+    return [r for r in rows if r]
+
+
+def test_an_interval_not_at_95_percent_says_its_level(rendered):
+    """docs/STATISTICS.md: a Holm row's interval is drawn at its Holm level (ci_level), and the report prints
+    the level next to any interval that is not 95%: in the comparisons table, the random-init baseline table
+    and the answer's secondary sentence. A 95% interval (the primary row, cost rows) has no level beside it."""
+    _, html, study_dir = rendered("nsp")
+    c = pd.read_csv(study_dir / "comparisons.csv")
+    holm = c[c["correction"].str.startswith("Holm")]
+    assert len(holm) >= 2 and (holm["ci_level"] > 0.95).all() and holm["ci_level"].round(6).nunique() >= 2
+    cells = {tuple(td[:3]): td[8] for td in _table_cells(html, "comparisons")}   # task, mode, metric -> CI
+    assert len(cells) == len(c)
+    for r in c.itertuples():
+        ci = cells[(r.task, r.mode, r.metric)]
+        if r.correction.startswith("Holm"):
+            assert ci.endswith(f"] at {100 * r.ci_level:.4g}%"), (r.metric, r.ci_level, ci)
+        else:
+            assert r.ci_level == 0.95 and " at " not in ci, (r.metric, ci)
+    assert any(ci.endswith(" at 99.17%") for ci in cells.values()), cells   # 0.991667: a level Holm's rank gives
+    # the random-init baseline table (Holm across that table): one level per interval not at 95%
+    b = pd.read_csv(study_dir / "baseline.csv")
+    shown = [re.search(r" at ([\d.]+)%$", td[7]) for td in _table_cells(html, "baseline")]
+    assert len(shown) == len(b) and (b["ci_level"] != 0.95).sum() >= 2
+    assert sorted(m.group(1) for m in shown if m) == sorted(f"{100 * v:.4g}" for v in b["ci_level"] if v != 0.95)
+    # the answer: the primary at 95% ("95% CI", no level after it), the secondary probe row at its Holm level
+    answer = re.search(r'id="answer">([^<]+)<', html).group(1)
+    probe = holm[(holm["task"] == "SST-2") & (holm["mode"] == "probe") & (holm["metric"] == "accuracy")].iloc[0]
+    assert f"CI [{100 * probe.ci_low:+.1f}, {100 * probe.ci_high:+.1f}] at {100 * probe.ci_level:.4g}%:" in answer
+    assert re.search(r"95% CI \[[^\]]+\], n=3", answer), answer
+
+
 def test_runs_without_a_commit_are_a_provenance_warning(rendered):
     """A run that recorded no commit cannot be traced to code: the report says so in red, not as a
     quiet "unknown" line; runs that all recorded one get no warning."""
@@ -637,3 +673,33 @@ def test_a_mean_and_its_interval_are_written_with_the_same_digits():
     from study.report.fmt import fmt_ci, fmt_value
     assert f"{fmt_value(111.04, 'ref_ppl')} {fmt_ci(88.87, 132.0, 'ref_ppl')}" == "111.0 [88.9, 132.0]"
     assert fmt_value(4.513, "ref_mlm_loss") == "4.51" and fmt_value(0.3456, "ref_mlm_acc") == "34.6"
+
+
+def test_the_answer_names_the_runs_it_left_out(rendered, tmp_path):
+    """A level compared on its survivors says so in the answer itself (before: only the problems section
+    listed the failed and diverged runs, and the headline read "n=3 seeds" as if all had run)."""
+    answer = re.search(r'id="answer">([^<]+)<', rendered("nsp")[1]).group(1)
+    assert "n=3 seeds (left out: 2 of 5 runs at nsp: seed 0 failed, seed 1 diverged): " in answer
+    _, plan, study_dir = rf.build(tmp_path / "ok", "nsp", failures=False)
+    out = render_report(study_dir, tmp_path / "ok" / "report")
+    assert "left out" not in re.search(r'id="answer">([^<]+)<', out.read_text(encoding="utf-8")).group(1)
+
+
+def test_a_diverged_fine_tune_seed_is_listed_and_left_out(tmp_path):
+    """A fine-tune seed whose loss turned non-finite (study/downstream/finetune.py writes `diverged`) is in
+    study.json's finetune_problems and the report's problems section, and is in no mean."""
+    from study.report.aggregate import aggregate_study
+    layout, plan, study_dir = rf.build(tmp_path, "nsp", failures=False)
+    run = plan["runs"][0]
+    path = layout.finetune_dir(run["run_hash"]) / "SST-2" / "ft" / "finetune-seed1.json"
+    before = json.loads(path.read_text())
+    path.write_text(json.dumps({**{k: v for k, v in before.items() if k not in ("metrics", "primary")},
+                                "diverged": "non-finite loss nan at step 7 (SST-2, seed 1)"}))
+    aggregate_study(plan, layout)
+    probs = json.loads((study_dir / "study.json").read_text())["finetune_problems"]
+    assert [(p["source_key"], p["task"], p["seed"]) for p in probs] == [(run["run_hash"], "SST-2", 1)]
+    tidy = pd.read_csv(study_dir / "results.csv")
+    mine = tidy[(tidy["source_key"] == run["run_hash"]) & (tidy["task"] == "SST-2") & (tidy["mode"] == "finetune")]
+    assert list(mine["finetune_seed"]) == [0]
+    html = render_report(study_dir, tmp_path / "report").read_text(encoding="utf-8")
+    assert "Fine-tuning seeds whose loss turned non-finite" in html and "non-finite loss nan at step 7" in html

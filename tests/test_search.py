@@ -164,7 +164,8 @@ def test_step_pruner_needs_evaluations(tmp_path, corpus):
     assert e.field == "search.pruner.kind" and "eval_every" in str(e)
 
 
-def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
+def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys, monkeypatch):
+    import optuna
     from study.search.cli import main
     res = tmp_path / "results"
     spec = write_spec(tmp_path / "bad.yaml", corpus, tiny_search(params={"masking.rat": {"low": 0.1, "high": 0.2}}))
@@ -172,13 +173,20 @@ def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys):
     err = capsys.readouterr().err
     assert "search.params.masking.rat" in err and "Traceback" not in err
     assert not res.exists()
-    # a storage that can't be reached: one clear line, exit 2, quickly (connect timeout), nothing written
+    # a storage that can't be reached: one clear line, exit 2, quickly (a connect timeout is passed to the
+    # engine, not the driver's default), nothing written
     good = write_spec(tmp_path / "good.yaml", corpus, tiny_search())
-    t0 = time.monotonic()
+    engines, rdb = [], optuna.storages.RDBStorage
+
+    def recording(url, engine_kwargs=None, **kw):
+        engines.append(engine_kwargs)
+        return rdb(url, engine_kwargs=engine_kwargs, **kw)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", recording)
     assert main(["--results", str(res), "search", str(good), "--quiet",
                  "--storage", "postgresql+psycopg2://nobody@127.0.0.1:1/none"]) == 2
     err = capsys.readouterr().err
-    assert time.monotonic() - t0 < 30
+    assert engines and all(e["connect_args"]["connect_timeout"] == 10 for e in engines), engines
     assert "can't open storage" in err and "Connection refused" in err.replace("connection refused", "Connection refused")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert main(["--results", str(res), "search", str(good), "--storage", f"journal://{tmp_path}/no/such/j.log"]) == 2
@@ -364,6 +372,113 @@ def test_search_best_writes_a_spec_that_retrains_the_best(searched, results, tmp
     assert info["number"] == ostudy.best_trial.number
 
 
+def fake_train(cfg, layout, quiet, on_eval):
+    """A finished run in no time: the value is the run's own mask rate (what the search minimizes)."""
+    from study.rundir import RunDir
+    run = RunDir(layout, cfg.run_hash())
+    run.write_metrics({"ref_mlm_loss": cfg.masking.rate + cfg.seed / 100, "tokens_seen": 64})
+    run.write_status("done")
+
+
+def _respec(spec: Path, **edits) -> None:
+    """Edit a written spec: each keyword is a dotted path into the YAML document (`search__params`)."""
+    doc = yaml.safe_load(spec.read_text())
+    for path, value in edits.items():
+        *parents, leaf = path.split("__")
+        node = doc
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_a_storage_of_another_space_or_other_settings_is_refused(tmp_path, corpus):
+    """The storage keeps what its trials were run for. A narrowed range, other seeds, other defaults or an
+    edited profile make another search: continuing it would mix their trials, and search-best would write
+    a best outside the new range with settings no trial ran. Both refuse, naming the field, writing nothing."""
+    from study.search import run_search, write_best
+    search = tiny_search(n_trials=2, sampler={"kind": "grid", "seed": 0}, pruner={"kind": "none"},
+                         params={"masking.rate": [0.15, 0.3, 0.45]})
+    spec = write_spec(tmp_path / "fp.yaml", corpus, search)
+    _respec(spec, profiles={"cpu": {"train.amount": 30}})
+    layout = Layout(root=tmp_path / "results")
+    run_search(spec, layout=layout, quiet=True, profile="cpu", train_fn=fake_train)
+    original = spec.read_text()
+    out = tmp_path / "best.yaml"
+    for field, edit in (("search.params", {"search__params": {"masking.rate": [0.3, 0.45]}}),
+                        ("search.seeds", {"search__seeds": [0, 1]}),
+                        ("defaults", {"defaults__train__lr": 0.004}),
+                        ("defaults", {"profiles__cpu__train.amount": 31})):
+        spec.write_text(original)
+        _respec(spec, **edit)
+        for attempt in (lambda: run_search(spec, layout=layout, quiet=True, profile="cpu", train_fn=fake_train),
+                        lambda: write_best(spec, out, layout=layout, profile="cpu")):
+            with pytest.raises(StudyError) as ei:
+                attempt()
+            assert ei.value.field == field and ei.value.allowed == "the same space and settings, or another --storage"
+        assert not out.exists() and not (layout.search_dir(load_study(spec, "cpu").name) / "best.json").exists()
+    # what does not change a trial's value keeps the storage: more trials, speed-only settings
+    spec.write_text(original)
+    _respec(spec, search__n_trials=3, defaults__impl__threads=2)
+    ostudy = run_search(spec, layout=layout, quiet=True, profile="cpu", train_fn=fake_train)
+    assert len(ostudy.get_trials()) == 3
+    assert write_best(spec, out, layout=layout, profile="cpu") == out
+
+
+def test_best_json_and_trials_csv_say_what_produced_them(tmp_path, corpus):
+    """best.json: the best trial, every seed's run, the searched spec, its profile and seeds, and the
+    provenance (commit, packages, hardware); trials.csv: each trial's runs and the commit that ran it."""
+    from study.provenance import git_info
+    from study.search import run_search, write_best
+    search = tiny_search(n_trials=2, seeds=[0, 1], sampler={"kind": "grid", "seed": 0}, pruner={"kind": "none"},
+                         params={"masking.rate": [0.15, 0.3]})
+    spec = write_spec(tmp_path / "prov.yaml", corpus, search)
+    layout = Layout(root=tmp_path / "results")
+    ostudy = run_search(spec, layout=layout, quiet=True, train_fn=fake_train)
+    out = write_best(spec, tmp_path / "best.yaml", layout=layout)
+    best = ostudy.best_trial
+    folder = layout.search_dir(load_study(spec).name)
+    info = json.loads((folder / "best.json").read_text())
+    assert len(best.user_attrs["run_hashes"]) == 2 and info["run_hashes"] == best.user_attrs["run_hashes"]
+    assert info["run_hash"] == info["run_hashes"][0] and info["seeds"] == [0, 1]
+    assert info["search_spec"] == str(spec) and info["spec"] == str(out) and info["profile"] is None
+    assert info["provenance"]["git"]["commit"] == git_info()["commit"] and "packages" in info["provenance"]
+    rows = list(csv.DictReader((folder / "trials.csv").open()))
+    assert [json.loads(r["run_hashes"]) for r in rows] == [t.user_attrs["run_hashes"] for t in ostudy.get_trials()]
+    assert {r["commit"] for r in rows} == {git_info()["commit"] or ""}
+    header = next(csv.reader((folder / "trials.csv").open()))
+    assert header.index("commit") < header.index("params_masking.rate")   # provenance before the parameters
+
+
+def test_search_best_writes_nothing_on_a_bad_storage_or_spec(tmp_path, corpus, capsys, monkeypatch):
+    """search-best only reads: a SQLite or journal storage that does not exist is exit 2 without creating
+    it (or the init lock); a best spec that does not validate is refused before any file is written."""
+    from study.search import run_search, trials
+    from study.search.cli import main
+    res = tmp_path / "results"
+    search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, pruner={"kind": "none"},
+                         params={"masking.rate": [0.15]})
+    spec = write_spec(tmp_path / "sb.yaml", corpus, search)
+    for url, path in ((f"sqlite:///{tmp_path}/new.db", tmp_path / "new.db"),
+                      (f"journal://{tmp_path}/new.log", tmp_path / "new.log")):
+        assert main(["--results", str(res), "search-best", str(spec), "--storage", url]) == 2
+        assert "no search storage" in capsys.readouterr().err
+        assert not path.exists() and not res.exists()
+    # --n-trials 0: exit 2 with the values allowed
+    assert main(["--results", str(res), "search", str(spec), "--quiet", "--n-trials", "0"]) == 2
+    assert "allowed: an integer >= 1" in capsys.readouterr().err and not res.exists()
+    layout = Layout(root=res)
+    run_search(spec, layout=layout, quiet=True, train_fn=fake_train)
+    table = layout.search_dir(load_study(spec).name) / "trials.csv"   # the search's own export
+    before = table.read_bytes()
+    good = trials.best_spec
+    monkeypatch.setattr(trials, "best_spec", lambda *a: {**good(*a), "seeds": [-1]})   # not a valid spec
+    out = tmp_path / "sb-best.yaml"
+    with pytest.raises(StudyError, match="seeds"):
+        trials.write_best(spec, out, layout=layout)
+    assert not out.exists() and not (table.parent / "best.json").exists() and table.read_bytes() == before
+
+
 def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_path, corpus, results, capsys):
     """Another worker failed our trial as stale (our heartbeat was late: a stalled machine or a journal lock
     left by a killed worker). Our next write raises, optuna's tell then says "Cannot tell a FAIL trial":
@@ -466,7 +581,7 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     assert held in (late.number, second.number)
 
 
-def test_a_journal_retry_is_not_failed_by_the_heartbeat_it_inherited(tmp_path):
+def test_a_journal_retry_is_not_failed_by_the_heartbeat_it_inherited(tmp_path, monkeypatch):
     """The retry of a dead trial is created with the dead trial's system attrs, and on journal storage the
     heartbeat is one of them. Read as the retry's own, it made the retry look dead from the moment a worker
     popped it until its first beat: another worker failed it, then its retry, until max_retry ran out and
@@ -474,23 +589,32 @@ def test_a_journal_retry_is_not_failed_by_the_heartbeat_it_inherited(tmp_path):
     import optuna
     from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
+    from types import SimpleNamespace
+
+    from study.search import storage
     from study.search.storage import HEARTBEAT_ATTR, open_storage
     from study.studies.searchspec import SearchSpec
-    search = SearchSpec.model_validate(tiny_search(heartbeat_interval=1, grace_period=2))
+    # the heartbeats' clock, injected: no sleeping against the grace, whatever the machine's load. Trial
+    # start times are optuna's own (the real clock); the beats and "now" are shifted by `skew` seconds.
+    skew = [0.0]
+    monkeypatch.setattr(storage, "time", SimpleNamespace(time=lambda: time.time() + skew[0], sleep=time.sleep))
+    search = SearchSpec.model_validate(tiny_search(heartbeat_interval=1, grace_period=30))
     store = open_storage(f"journal://{tmp_path}/retry.log", search, tmp_path)
     ost = optuna.create_study(storage=store, study_name="retry")
     dead = ost.ask()
-    store.record_heartbeat(dead._trial_id)
-    time.sleep(2.5)                                                     # its worker died: no beat for > grace
+    skew[0] = -100
+    store.record_heartbeat(dead._trial_id)                              # its last beat, long ago
+    skew[0] = 100                                                       # its worker died: no beat for > grace
     fail_stale_trials(ost)
     (waiting,) = ost.get_trials(states=(TrialState.WAITING,))
-    assert waiting.system_attrs[HEARTBEAT_ATTR] < time.time() - 2       # the inherited (stale) beat
+    assert waiting.system_attrs[HEARTBEAT_ATTR] < storage.time.time() - 30  # the inherited (stale) beat
+    skew[0] = 0
     retry = ost.ask()                                                   # a live worker pops it: RUNNING, no beat yet
     assert retry.number == waiting.number
     fail_stale_trials(ost)                                              # another worker looks right away
     assert store.get_trial(retry._trial_id).state == TrialState.RUNNING
     assert not ost.get_trials(states=(TrialState.WAITING,))
-    time.sleep(2.5)                                                     # and a retry that never beats does die
+    skew[0] = 100                                                       # and a retry that never beats does die
     assert store._get_stale_trial_ids(ost._study_id) == [retry._trial_id]
 
 

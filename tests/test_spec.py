@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
 
 from study.cli import main
 from study.errors import StudyError
@@ -182,47 +181,57 @@ def test_shipped_specs_validate():
         assert load_study(spec).runs, spec
 
 
-def test_shipped_profiles_resolve():
+def _standin_repo(tmp_path: Path, monkeypatch) -> Path:
+    """A copy of the shipped specs beside stand-in text where they read theirs (../shared/data for the cpu
+    profiles, .gpudata/ for the GPU check), with the copy as the working directory: the specs resolve
+    here and on CI, where the real data is absent. The text enters every run hash alike."""
+    repo = tmp_path / "repo"
+    for spec in [*REPO.glob("ablations/**/*.yaml"), *REPO.glob("bench/gpu_*.yaml")]:
+        rel = spec.relative_to(REPO)
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(spec.read_text())
+    for root in (tmp_path / "shared" / "data", repo / ".gpudata"):
+        for folder in ("gutenberg", "wikitext-2-raw"):
+            (root / folder).mkdir(parents=True)
+            (root / folder / "a.txt").write_text("Stand-in text. Two sentences.\n")
+    monkeypatch.chdir(repo)
+    return repo
+
+
+def test_shipped_profiles_resolve(tmp_path, monkeypatch):
     """Every profile of every shipped spec resolves and validates here, so that a bad key in the `gpu`
-    profile fails on a laptop, not after someone has rented a GPU. A profile changes every run's hash."""
-    seen, absent = set(), set()
-    for spec in sorted((REPO / "ablations").glob("*.yaml")):
+    profile fails on a laptop, not after someone has rented a GPU. A profile changes every run's hash.
+    On stand-in text, so the cpu profiles (which read ../shared/data) are checked where it is absent."""
+    repo = _standin_repo(tmp_path, monkeypatch)
+    seen = set()
+    for spec in sorted((repo / "ablations").glob("*.yaml")):
         plain = {r.run_hash for r in load_study(spec).runs}
         for profile in load_study(spec).spec.profiles:
-            try:
-                study = load_study(spec, profile)
-            except StudyError as exc:
-                # The cpu profiles read ../shared/data, whose file contents enter the run hash: on a
-                # machine without it they cannot resolve, and say so by naming the source. Anything
-                # else is a real error.
-                if SHARED.exists() or "corpus.sources" not in str(exc) or "does not exist" not in str(exc):
-                    raise
-                absent.add(profile)
-                continue
+            study = load_study(spec, profile)
             assert study.runs and study.name == f"{study.spec.name}-{profile}", (spec, profile)
             assert not plain & {r.run_hash for r in study.runs}, (spec, profile)
-            seen.add(profile)
+            seen.add((spec.stem, profile))
             if profile == "gpu":  # BERT-small-scale on hub corpora, all of GLUE's dev sets
                 for run in study.runs:
                     cfg = run.config
                     assert {s.kind for s in cfg.corpus.sources} == {"hf"}, (spec, cfg.corpus.sources)
                     assert cfg.finetune.glue_dir == "hub" and cfg.finetune.max_eval_examples is None
                     assert cfg.model.hidden == 512 and cfg.tokenizer.vocab_size == 30522
-    assert {"cpu", "gpu"} <= seen | absent and "gpu" in seen
+    # the four cpu studies and their gpu profiles are among what was checked
+    assert {(n, p) for n in ("nsp", "mask_rate", "replacement", "depth") for p in ("cpu", "gpu")} <= seen
 
 
-def test_gpu_check_specs_validate_and_match_the_gpu_profile():
+def test_gpu_check_specs_validate_and_match_the_gpu_profile(tmp_path, monkeypatch):
     """bench/gpu_learn.yaml and bench/gpu_smoke.yaml (the GPU check's studies) validate, and train the gpu
     profile's model, vocabulary and batch: a GPU session must not find a typo or a drifted shape. Their
-    text lives in .gpudata/ once staged (bench/gpu_check.sh --stage); unstaged, they must fail naming
-    the missing corpus and nothing else."""
-    gpu = load_study(REPO / "ablations" / "nsp.yaml", "gpu").runs[0].config
-    for spec in sorted((REPO / "bench").glob("gpu_*.yaml")):
-        try:
-            study = load_study(spec)
-        except StudyError as exc:
-            assert "corpus.sources" in str(exc) and "does not exist" in str(exc), (spec, exc)
-            continue
+    text lives in .gpudata/ once staged (bench/gpu_check.sh --stage); checked here on stand-in text."""
+    repo = _standin_repo(tmp_path, monkeypatch)
+    gpu = load_study(repo / "ablations" / "nsp.yaml", "gpu").runs[0].config
+    specs = sorted((repo / "bench").glob("gpu_*.yaml"))
+    assert {s.stem for s in specs} >= {"gpu_learn", "gpu_smoke"}, specs
+    for spec in specs:
+        study = load_study(spec)
+        assert study.runs, spec
         for run in study.runs:
             cfg = run.config
             for key in ("layers", "hidden", "heads", "intermediate"):
@@ -352,19 +361,18 @@ YAML_BOMBS = {
 
 
 @pytest.mark.parametrize("case", sorted(YAML_BOMBS))
-def test_yaml_bombs_are_refused_fast_and_small(tmp_path, capsys, case):
-    import time
+def test_yaml_bombs_are_refused_small(tmp_path, capsys, case):
     import tracemalloc
     text, field = YAML_BOMBS[case]
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         _rejects(tmp_path, capsys, text, field)
     finally:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    # before: 20 s and 1.9 GB then killed (the error path formatted the expanded value)
-    assert time.perf_counter() - t0 < 2.0 and peak < 64 * 2**20, (time.perf_counter() - t0, peak)
+    # before: 1.9 GB (and 20 s) then killed (the error path formatted the expanded value). Memory, not time, is
+    # checked: it does not depend on the machine's speed or load, and an expansion shows in both.
+    assert peak < 64 * 2**20, peak
 
 
 def test_yaml_merge_keys_and_plain_anchors_still_work(tmp_path):

@@ -4,6 +4,7 @@ log-window sync, loss-neutral impl settings (static shapes, compile: slow), conf
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -239,14 +241,23 @@ def test_tokens_budget_and_no_sentence_task(corpus, layout, tmp_path):
     assert 2000 <= m["tokens_seen"] < 2000 + per_step and m["steps"] >= 2000 // per_step
 
 
-def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, layout):
-    cfg = make_cfg(corpus, train__budget="seconds", train__amount=1.0, impl__log_every=1)
+def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, layout, monkeypatch):
+    """A seconds budget follows the clock the trainer reads (time.perf_counter in study.pretrain.trainer, read
+    at each step's start and end). Here that clock is fake and moves 1/8 s per reading, so every step lasts
+    exactly 1/8 s whatever the machine's speed: a 1 s budget is 8 steps, and the LR schedule follows it."""
+    readings = itertools.count()
+    monkeypatch.setattr("study.pretrain.trainer.time", types.SimpleNamespace(perf_counter=lambda: next(readings) / 8))
+    cfg = make_cfg(corpus, train__budget="seconds", train__amount=1.0, train__warmup=0.06, impl__log_every=1)
     lay = layout("r")
     m = train_run(cfg, lay, quiet=True)
     run = lay.run_dir(cfg.run_hash())
-    assert m["time_s"] >= 1.0 and m["steps"] == len(losses(run)) >= 2
+    assert m["time_s"] == 1.0 and m["steps"] == len(losses(run)) == 8
+    # the LR of step k is set before its length is known: progress after it is estimated from the previous
+    # step's length (none for step 1: 0, still in warmup), so step k >= 2 is past the 6% warmup, at linear decay
+    # 1 - (p_before - 0.06) / 0.94 with p_before = (k - 1) / 8
     lrs = [h["lr"] for h in history(run) if "lr" in h]
-    assert max(lrs) > lrs[-1]  # warmup then decay, following elapsed time
+    want = [0.0] + [cfg.train.lr * (1 - ((k - 1) / 8 - 0.06) / 0.94) for k in range(2, 9)]
+    assert lrs == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert json.loads((run / "meta.json").read_text())["bitwise_resume"] is False
 
 
@@ -538,6 +549,78 @@ def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(cor
         assert abs(evals[b] - torch_mean) <= 2 * eval_spread, evals
 
 
+def test_sdpa_trains_like_eager_without_dropout(corpus, layout, monkeypatch):
+    """With dropout (the grid above) the CPU's bits masks run eager arithmetic for impl.attention sdpa too
+    (study.model.bert._bits_attention); without dropout sdpa must really go through torch's
+    scaled_dot_product_attention, forward and backward, and train the same curve as eager."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = {"n": 0, "grad": 0}
+
+    def spy(*args, **kwargs):
+        calls["n"] += 1
+        calls["grad"] += torch.is_grad_enabled()
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    curves, evals, counts, trained = {}, {}, {}, {}
+    for attn in ("eager", "sdpa"):
+        calls.update(n=0, grad=0)
+        cfg = make_cfg(corpus, train__amount=12, impl__attention=attn, model__dropout=0.0,
+                       model__attention_dropout=0.0)
+        lay = layout(attn)
+        evals[attn] = train_run(cfg, lay, quiet=True)["ref_mlm_loss"]
+        curves[attn] = np.array(losses(lay.run_dir(cfg.run_hash())))
+        trained[attn] = weights(lay.run_dir(cfg.run_hash()))
+        counts[attn] = dict(calls)
+    assert counts["eager"] == {"n": 0, "grad": 0}
+    # every training step's forward (2 layers) went through SDPA, with autograd on: its backward ran too
+    assert counts["sdpa"]["grad"] >= 12 * 2, counts
+    assert len(curves["eager"]) == 12 and curves["eager"][-1] < curves["eager"][0]
+    np.testing.assert_allclose(curves["sdpa"], curves["eager"], rtol=2e-4, atol=2e-4)
+    assert evals["sdpa"] == pytest.approx(evals["eager"], rel=2e-4)
+    # 12 steps of a tiny model barely move the loss through attention (cutting SDPA's backward shifts the
+    # curve by ~2e-4 relative), so the trained weights are compared too: SDPA's gradients reach them. Here
+    # the two kernels end within ~1e-7 of each other; a cut backward moves the query weights by ~7e-3.
+    assert trained["sdpa"].keys() == trained["eager"].keys()
+    for k, w in trained["eager"].items():
+        torch.testing.assert_close(trained["sdpa"][k], w, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_threads_do_not_change_the_loss_curve(corpus, layout):
+    """impl.threads 1 vs 2: the same curve (the intra-op thread count only splits the work) and the run
+    really trained with that many threads (read inside the run, at its evaluations)."""
+    curves, evals, seen = {}, {}, {}
+    for n in (1, 2):
+        cfg = make_cfg(corpus, train__amount=8, impl__threads=n, impl__eval_every=4)
+        lay = layout(f"t{n}")
+        found = seen[n] = set()
+        m = train_run(cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: found.add(torch.get_num_threads()))
+        curves[n], evals[n] = np.array(losses(lay.run_dir(cfg.run_hash()))), m
+    assert seen == {1: {1}, 2: {2}}
+    np.testing.assert_allclose(curves[2], curves[1], rtol=1e-5, atol=1e-6)
+    for k in ("ref_mlm_loss", "ref_mlm_acc", "sentence_acc"):
+        assert evals[2][k] == pytest.approx(evals[1][k], rel=1e-5, abs=1e-6), k
+    assert {k: evals[2][k] for k in ("steps", "tokens_seen", "masked_seen")} == \
+        {k: evals[1][k] for k in ("steps", "tokens_seen", "masked_seen")}
+
+
+def test_progress_bar_does_not_change_the_run(corpus, layout, capsys):
+    """impl.progress on vs off (not quiet, so the bar is drawn): bitwise the same weights, history and metrics."""
+    runs, err = {}, {}
+    for on in (True, False):
+        cfg = make_cfg(corpus, train__amount=12, impl__progress=on)
+        lay = layout(f"p{on}")
+        capsys.readouterr()
+        train_run(cfg, lay, quiet=False)
+        err[on] = capsys.readouterr().err
+        runs[on] = lay.run_dir(cfg.run_hash())
+    tag = f"pretrain {cfg.run_hash()}: "   # the bar's description (a heartbeat line reads "pretrain <hash> step")
+    assert tag in err[True] and tag not in err[False]  # the bar was drawn, and only when on
+    assert_same_weights(runs[True], runs[False])
+    assert stable_history(runs[True]) == stable_history(runs[False])
+    assert {k: metrics(runs[True])[k] for k in EXACT} == {k: metrics(runs[False])[k] for k in EXACT}
+
+
 def test_grad_accumulation_matches_one_big_batch(corpus, layout, tmp_path):
     """Losses are weighted by the global masked count, so 4 micro-batches of 2 = 1 batch of 8 (no dropout)."""
     curves = []
@@ -770,3 +853,68 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     evs = [h["eval"] for h in history(lay.run_dir(cfg.run_hash())) if "eval" in h]
     assert len(evs) == 7 and all("short_mask_acc" in e for e in evs)
     assert_same_weights(run_dir, lay.run_dir(cfg.run_hash()))
+
+
+def test_sigterm_while_finishing_stops_the_command_and_keeps_the_run(corpus, layout, monkeypatch):
+    """SIGTERM during the run's final eval/publish: the run is done (status, metrics, model), and the
+    command stops (Interrupted) instead of starting the next run. Before: the flag was dropped with the
+    handler, and a preempted machine's `study run` went on into the next run until SIGKILL."""
+    from study.pretrain import trainer as tr
+    cfg = make_cfg(corpus, train__amount=6, impl__checkpoint_every=None)
+    lay = layout("a")
+    real = tr.Trainer._finish
+
+    def finish(self):
+        os.kill(os.getpid(), signal.SIGTERM)   # the handler only sets a flag: we live on
+        return real(self)
+    monkeypatch.setattr(tr.Trainer, "_finish", finish)
+    with pytest.raises(Interrupted):
+        train_run(cfg, lay, quiet=True)
+    rd = RunDir(lay, cfg.run_hash())
+    assert rd.status().done and rd.metrics()["steps"] == 6 and rd.has_model()
+    monkeypatch.undo()
+    assert train_run(cfg, lay, quiet=True)["steps"] == 6   # the next command reuses it
+
+
+def test_resume_never_pads_a_short_history(corpus, layout):
+    """A history.jsonl shorter than its checkpoint says (cut from outside) is left as it is on resume:
+    before, truncate() to the recorded size padded it with NUL bytes and the next line read as garbage."""
+    cfg = make_cfg(corpus, train__amount=12, impl__checkpoint_every=4)
+    lay = layout("a")
+    os.environ[NAN_ENV] = "9"   # stop the first session after step 8's checkpoint, as a kill would
+    try:
+        with pytest.raises(Diverged):
+            train_run(cfg, lay, quiet=True)
+    finally:
+        del os.environ[NAN_ENV]
+    rd = RunDir(lay, cfg.run_hash())
+    # the run diverged: make it resumable from its step-8 checkpoint, with its history cut short
+    (rd.path / "status.json").unlink()
+    text = rd.history_path.read_text().splitlines(keepends=True)
+    rd.history_path.write_text("".join(text[:2]))
+    with pytest.warns(RuntimeWarning, match="shorter"):
+        train_run(cfg, lay, quiet=True)
+    raw = rd.history_path.read_bytes()
+    assert b"\x00" not in raw
+    assert all(json.loads(line) for line in raw.decode().splitlines())
+
+
+def test_meta_and_metrics_name_the_precision_alike(corpus, layout):
+    """One name for the resolved precision in both files (before: meta.json said torch.float32)."""
+    cfg = make_cfg(corpus, train__amount=2)
+    lay = layout("a")
+    train_run(cfg, lay, quiet=True)
+    rd = RunDir(lay, cfg.run_hash())
+    assert rd.meta()["precision"] == rd.metrics()["precision"] == "fp32"
+
+
+def test_quiet_training_prints_a_heartbeat(corpus, layout, monkeypatch, capsys):
+    """Without a bar (--quiet, the DVC stages), a line on stderr every HEARTBEAT_S at a log step, so a long
+    stage shows where it is; with the bar on, none (the bar says it)."""
+    from study.pretrain import trainer as tr
+    monkeypatch.setattr(tr, "HEARTBEAT_S", 0.0)
+    cfg = make_cfg(corpus, train__amount=4, impl__log_every=2)
+    train_run(cfg, layout("a"), quiet=True)
+    beats = [x for x in capsys.readouterr().err.splitlines() if x.startswith(f"pretrain {cfg.run_hash()} step")]
+    assert [b.split(" step ")[1].split(" ")[0] for b in beats] == ["2", "4"]
+    assert "(50% of 4 steps), loss " in beats[0] and "tok/s" in beats[0]

@@ -122,29 +122,33 @@ _TOP = re.compile(r"^ = [^=].* = $")
 _SUB = re.compile(r"^ (= )+.*( =)+ $")
 
 
-def read_wikitext(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
+def _wikitext_docs(lines: list[str]) -> Iterator[Doc]:
     """A document starts at a ' = Title = ' line with blank lines on both sides.
 
     Heading and subheading lines are dropped; the blank-line rule keeps math lines
     such as ' = 1 henry and capacitance C = ' from splitting their article.
     """
+    doc: list[str] = []
+    for i, line in enumerate(lines):
+        blank_before = i == 0 or not lines[i - 1].strip()
+        blank_after = i + 1 >= len(lines) or not lines[i + 1].strip()
+        if _TOP.match(line) and blank_before and blank_after:
+            if doc:
+                yield doc
+            doc = []
+            continue
+        if _SUB.match(line) and blank_before and blank_after:
+            continue
+        if line.strip():
+            doc.extend(split_sentences(detokenize_wikitext(line.strip())))
+    if doc:
+        yield doc
+
+
+def read_wikitext(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
+    """WikiText raw files, one document per article (`_wikitext_docs`), each file on its own."""
     for f in _files(path, PATTERNS["wikitext"], f"{where}.path"):
-        lines = _read_text(f, f"{where}.path").split("\n")
-        doc: list[str] = []
-        for i, line in enumerate(lines):
-            blank_before = i == 0 or not lines[i - 1].strip()
-            blank_after = i + 1 >= len(lines) or not lines[i + 1].strip()
-            if _TOP.match(line) and blank_before and blank_after:
-                if doc:
-                    yield doc
-                doc = []
-                continue
-            if _SUB.match(line) and blank_before and blank_after:
-                continue
-            if line.strip():
-                doc.extend(split_sentences(detokenize_wikitext(line.strip())))
-        if doc:
-            yield doc
+        yield from _wikitext_docs(_read_text(f, f"{where}.path").split("\n"))
 
 
 def _is_local_dataset(name: str) -> bool:
@@ -156,9 +160,9 @@ def _is_local_dataset(name: str) -> bool:
 def read_hf(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
     """A Hugging Face dataset; `name` may be a local `save_to_disk` folder.
 
-    Rule: if any row of `text_column` is blank the dataset is line-based (like
-    wikitext on the hub) and blank rows separate documents; otherwise each row is
-    one document.
+    What a document is comes from `src.rows` (the config), not from the data: `document` is one
+    row; `lines` is a block of rows between blank rows; `wikitext` reads the rows as the lines of a
+    WikiText file (an article per document, detokenized), which is what WikiText on the hub is.
     """
     import datasets
     p = Path(src.name)
@@ -182,16 +186,20 @@ def read_hf(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
         raise StudyError(f"column {src.text_column!r} not in dataset {src.name}",
                          field=f"{where}.text_column", allowed=", ".join(ds.column_names))
     rows = ds[src.text_column]
-    if any(not (r or "").strip() for r in rows):
-        for block in _blank_line_docs("\n".join((r or "").rstrip("\n") for r in rows)):
-            sents = split_sentences(block)
-            if sents:
-                yield sents
-    else:
+    if src.rows == "document":
         for r in rows:
-            sents = split_sentences(r)
+            sents = split_sentences(r or "")
             if sents:
                 yield sents
+        return
+    lines = [(r or "").rstrip("\n") for r in rows]  # hub WikiText rows end in "\n"; its files' lines do not
+    if src.rows == "wikitext":
+        yield from _wikitext_docs("\n".join(lines).split("\n"))  # a row holding several lines reads as them
+        return
+    for block in _blank_line_docs("\n".join(lines)):
+        sents = split_sentences(block)
+        if sents:
+            yield sents
 
 
 def embedded_path() -> Path:
@@ -331,7 +339,9 @@ def file_digest(path: Path) -> str:
 
 def source_files(src: CorpusSource, where: str = "corpus.sources") -> list[tuple[str, Path]]:
     """(name, file) for every file `src` is read from; the name is relative to the source's folder, so
-    moving a corpus does not change what it is. Empty for a hub dataset (not local files).
+    that the fingerprint is the same for a copy elsewhere. The run hash still changes when the corpus
+    moves: `CorpusSource.path` (as written: `a/` is not `a`) is in the semantic config beside the
+    fingerprint. Empty for a hub dataset (not local files).
 
     A path that does not exist, or a folder without such files, is a StudyError naming `where`.path."""
     if src.kind in PATTERNS:
@@ -348,7 +358,9 @@ def source_files(src: CorpusSource, where: str = "corpus.sources") -> list[tuple
 
 
 def _hub_revision(src: CorpusSource) -> str | None:
-    """The commit the local hub cache holds for a hub dataset (what an offline load reads), if any."""
+    """The commit the local hub cache holds for an unpinned hub dataset (what an offline load reads), if
+    any: provenance for the data folder's stats, never identity (a download writes it, see
+    source_fingerprint)."""
     # huggingface_hub only when an hf source is used: spec validation stays light without it
     from huggingface_hub import constants
     ref = Path(constants.HF_HUB_CACHE) / f"datasets--{src.name.replace('/', '--')}" / "refs" / "main"
@@ -360,14 +372,17 @@ def _hub_revision(src: CorpusSource) -> str | None:
 
 def source_fingerprint(src: CorpusSource, where: str = "corpus.sources") -> dict:
     """What `src` contains: [name, bytes, sha256] per file; for a hub dataset its name, config, split
-    and revision (the pinned one, else the cached commit, else None until it is downloaded)."""
+    and pinned revision, or "unpinned".
+
+    Not the commit the local cache holds: the first download writes it, so the run hashes `study plan`
+    shows would change on download, and prepare_data (which fingerprints before and after reading) would
+    call its own download an edit. Pin `revision` where the hub copy may change under a hash."""
     files = source_files(src, where)
     if src.kind == "hf" and not files:
         if Path(src.name).exists():  # a folder with nothing in it, or a file: neither is a dataset
             raise StudyError(f"{src.name!r} is not a dataset folder or hub id", field=f"{where}.name",
                              allowed="a hub id, a save_to_disk folder, or a folder of data files")
-        return {"hub": src.name, "config": src.config, "split": src.split,
-                "revision": src.revision or _hub_revision(src)}
+        return {"hub": src.name, "config": src.config, "split": src.split, "revision": src.revision or "unpinned"}
     return {"files": [[name, f.stat().st_size, file_digest(f)] for name, f in files]}
 
 
@@ -431,7 +446,9 @@ class Corpus:
 
 
 def _unit(seed: int, source: int, doc: int) -> float:
-    """A uniform number in [0, 1) from a hash: the split of a doc never depends on the others."""
+    """A uniform number in [0, 1) from a hash of the doc's position, not its text: inserting a doc re-draws
+    the later ones of its source, and equal docs are drawn apart (docs/DATA.md "Split"). Fixed: it is not
+    hashed, so a change would move data under every existing run hash."""
     d = hashlib.sha256(f"{seed}:{source}:{doc}".encode()).digest()
     return int.from_bytes(d[:8], "big") / 2**64
 
@@ -450,8 +467,11 @@ def load_corpus(cfg: CorpusConfig, progress: bool = True) -> Corpus:
             n_docs += 1
             n_sents += len(doc)
             n_words += sum(len(s.split()) for s in doc)
-        corpus.per_source.append({"kind": src.kind, "path": src.path, "name": src.name,
-                                  "documents": n_docs, "sentences": n_sents, "words": n_words})
+        entry = {"kind": src.kind, "path": src.path, "name": src.name,
+                 "documents": n_docs, "sentences": n_sents, "words": n_words}
+        if src.kind == "hf" and not Path(src.name).exists():  # a hub dataset: which commit was read
+            entry["revision"] = src.revision or _hub_revision(src)
+        corpus.per_source.append(entry)
     if not keyed:
         raise StudyError("the corpus has no documents", field="corpus.sources",
                          allowed="sources that contain at least one non-empty document")

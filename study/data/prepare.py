@@ -4,7 +4,8 @@ results/data/<data_hash>/
   tokenizer/        save_pretrained output (trained on the TRAIN split only, so valid/test
                     words the tokenizer never saw are measured honestly as pieces/[UNK])
   train.npz valid.npz test.npz   TokenizedSplit.save
-  stats.json        documents/sentences/words/tokens per split and per source + corpus hash
+  stats.json        documents/sentences/words/tokens per split and per source + corpus hash, and the
+                    commit each unpinned hub source was read at (provenance: not in the hash)
   manifest.json     bytes + sha256 of every other file, and the corpus fingerprint it was built
                     from; written LAST
 
@@ -124,7 +125,9 @@ def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
     from study.data.tokenizer import tokenize_docs, train_tokenizer
 
     corpus = load_corpus(cfg.corpus, progress=progress)
-    if fingerprint(cfg.corpus) != fp:  # edited while being read: the text is neither the old nor the new one
+    # edited while being read: the text is neither the old nor the new one (a hub download is no edit: an
+    # unpinned hub source's fingerprint does not follow the cache it writes)
+    if fingerprint(cfg.corpus) != fp:
         raise StudyError("the corpus files changed while they were being read; run again", field="corpus.sources",
                          allowed="sources that stay unchanged while the data is prepared")
     n_docs = len(corpus.train) + len(corpus.valid) + len(corpus.test)

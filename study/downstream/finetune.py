@@ -17,7 +17,9 @@ caps), as cramming does, so that differences between runs come from pre-training
 Results: `layout.finetune_dir(run_key)/<task>/<finetune_hash>/<mode>-seed<k>.json`, one file per
 (task, mode, seed), written atomically as soon as it is known; an existing result is returned, not
 recomputed. A task without a train or dev split gets a `{"run_key", "task", "skipped": reason}` file
-in the same place (re-checked on every call, so it disappears once the data is there).
+in the same place (re-checked on every call, so it disappears once the data is there). A seed whose loss
+turns non-finite gets a `{..., "diverged": reason}` file and the other seeds, tasks and models go on (the
+report lists it); fine-tuning is deterministic, so it is kept like a result: delete the file to retry.
 
 Randomness: the fine-tuning seed fixes the head init (explicit generator), the batch order (numpy
 SeedSequence; `epoch_batches`, length-grouped when finetune.length_groups is set) and dropout (torch's
@@ -37,6 +39,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,15 +287,29 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
                 "n_eval": len(dev), "finetune_hash": fh, "provenance": prov, "encoder": enc.source,
                 **{k: v for k, v in out.items() if k != "metrics"}}
 
+    def diverged(seed: int, exc: FloatingPointError) -> dict:
+        print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
+        return {"run_key": run_key, "task": spec.name, "mode": "finetune", "init": init, "seed": seed,
+                "diverged": str(exc), "finetune_hash": fh, "provenance": prov, "encoder": enc.source}
+
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]
     if todo and cfg.impl.finetune_batched_seeds:   # every missing seed in one stacked model (batched.py)
-        stacked = batched.finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
-                                         f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
+        try:
+            stacked = batched.finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
+                                             f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
+        except FloatingPointError as exc:  # one stacked step: the whole group stops, each seed says so
+            stacked = {s: FloatingPointError(f"{exc} (seeds {todo} trained together)") for s in todo}
     for seed in todo:
-        res = stacked[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
-            cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
-        out[("finetune", seed)] = rec = record("finetune", seed, res)
+        try:
+            res = stacked[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
+                cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
+            if isinstance(res, FloatingPointError):
+                raise res
+            rec = record("finetune", seed, res)
+        except FloatingPointError as exc:   # this seed only: the others (and the study) go on
+            rec = diverged(seed, exc)
+        out[("finetune", seed)] = rec
         atomic_write_json(paths[("finetune", seed)], rec)
     if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
         res = probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)

@@ -82,6 +82,7 @@ from study.runtime import Runtime, barrier, broadcast, compute_init, dist_env, t
 
 NAN_ENV = "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of step k (1-based) becomes NaN; "<hash>:k" for one run
 DROPOUT_TAG = 0xD20    # the dropout stream, one per DDP rank
+HEARTBEAT_S = 300.0     # without a progress bar, a line on stderr at most this often (Trainer._heartbeat)
 
 OnEval = Callable[[int, int, dict], None]
 
@@ -197,6 +198,7 @@ class Trainer:
         self.rd = RunDir(layout, cfg.run_hash())
         self.session_start = time.perf_counter()
         self.last_ckpt_step: int | None = None
+        self.last_beat = self.session_start   # the heartbeat's clock (_heartbeat)
         self.clock = CheckpointClock(cfg.impl.checkpoint_every, cfg.impl.checkpoint_minutes)
         self.pending: list[tuple[int, StepResult]] = []  # (step, result) not read back from the device yet
         self.grad_norm = float("nan")  # of the last step read back
@@ -270,11 +272,14 @@ class Trainer:
                                    find_unused_parameters=cfg.objective.sentence == "none")
         try:
             with self.clock.sigterm():  # SIGTERM: the loop checkpoints after the step and raises Interrupted
-                return self._loop()
+                result = self._loop()
         finally:
             self.batches.close()
             if self.short_batches is not None:
                 self.short_batches.close()
+        if self.clock.stop_requested:  # SIGTERM during the final checkpoint, eval or publish: the run is
+            raise Interrupted(None)    # done, but the command must stop rather than start the next one
+        return result
 
     def _resume(self) -> None:
         rd = self.rd
@@ -284,7 +289,7 @@ class Trainer:
             if rd.history_path.stat().st_size < size:
                 self._report(f"history.jsonl is shorter than its checkpoint says ({size} bytes)")
             with open(rd.history_path, "r+b") as f:  # drop what the interrupted session logged later
-                f.truncate(size)
+                f.truncate(min(size, rd.history_path.stat().st_size))  # never pad a short file with NULs
         if ck is None:
             return
         self.model.load_state_dict(ck["model"])
@@ -369,6 +374,18 @@ class Trainer:
         return res
 
     # ---- the loop
+    def _heartbeat(self, bar, loss: float, tps: float | None) -> None:
+        """Without a progress bar (--quiet, as in dvc.yaml's stages), one line on stderr every HEARTBEAT_S
+        of wall time at a log step, so a long stage shows where it is between its runs' end lines."""
+        now = time.perf_counter()
+        if not bar.disable or not self.dist.main or now - self.last_beat < HEARTBEAT_S:
+            return
+        self.last_beat = now
+        cfg, st = self.cfg, self.state
+        print(f"pretrain {cfg.run_hash()} step {st.step:,} ({100 * min(_progress(cfg, st), 1.0):.0f}% of "
+              f"{cfg.train.amount:,g} {cfg.train.budget}), loss {loss:.3f}, "
+              f"{f'{tps:,.0f}' if tps else '-'} tok/s", file=sys.stderr, flush=True)
+
     def _loop(self) -> dict:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         unit_total = {"steps": math.ceil(t.amount), "tokens": t.amount, "seconds": t.amount}[t.budget]
@@ -419,6 +436,7 @@ class Trainer:
                                "tokens_per_s": tps, "epoch": st.epoch})
                     bar.set_postfix(loss=f"{win['loss'] / win['n']:.3f}", tok_s=f"{tps:,.0f}" if tps else "-",
                                     refresh=False)
+                    self._heartbeat(bar, win["loss"] / win["n"], tps)
                     st.window = dict(empty)
                 if eval_now and _progress(cfg, st) < 1.0:
                     self._eval_event()
@@ -479,7 +497,7 @@ class Trainer:
                 "run_hash": cfg.run_hash(), "data_hash": cfg.data_hash(), "provenance": provenance(str(self.device)),
                 "wall_s": wall, "device": str(self.device), "params": self.params, "started": st.started,
                 "finished": _now(), "sessions": st.sessions, "world_size": self.dist.world,
-                "precision": str(dtype),
+                "precision": self.rt.precision,  # the one name metrics.json uses too (fp32, bf16)
                 "impl": cfg.impl.model_dump(mode="json"),
                 "dropout_masks": self.dropout_masks,
                 "mlm_loss": "chunked" if self.rt.chunked_mlm else "torch",  # what impl.mlm_loss resolved to

@@ -107,12 +107,12 @@ def learned_beyond_mode(acc: Any, floor: Any, n: Any) -> bool | None:
 
 
 def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
-    """Read every run of the plan into tidy/runs/curves frames."""
+    """Read every run of the plan into tidy/runs/curves frames, and the fine-tune seeds that diverged."""
     for key in ("name", "runs", "finetune_hash"):
         if key not in plan:
             raise StudyError("missing from the study plan", field=key)
     factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
-    tidy, runs, curves = [], [], []
+    tidy, runs, curves, ft_problems = [], [], [], []
     for r in plan["runs"]:
         # Run folders are read with study/rundir.py's one error policy (a damaged status.json is "pending").
         rd = RunDir(layout, r["run_hash"])
@@ -151,6 +151,11 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                 res = read_json(f)
                 if "skipped" in res:
                     continue
+                if "diverged" in res:   # no score: listed in the report, never averaged as one
+                    ft_problems.append({"run_hash": r["run_hash"], "source_key": run_key, "label": r["label"],
+                                        "init": res.get("init", init), "task": res["task"], "mode": res["mode"],
+                                        "seed": res["seed"], "error": res["diverged"]})
+                    continue
                 for m, v in res["metrics"].items():
                     if isinstance(v, (int, float)):
                         tidy.append({**base, "source_key": run_key, "finetune_seed": res["seed"], "task": res["task"],
@@ -160,6 +165,9 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
             "metric", "value", *factor_keys]
     return {"tidy": pd.DataFrame(tidy, columns=cols), "runs": pd.DataFrame(runs),
             "curves": pd.DataFrame(curves, columns=["run_hash", "label", "step", "tokens", "loss"]),
+            # a random-init baseline shared by several runs is one model: listed once
+            "finetune_problems": list({(p["source_key"], p["task"], p["mode"], p["seed"]): p
+                                       for p in ft_problems}.values()),
             "factor_keys": factor_keys}
 
 
@@ -475,6 +483,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
                       study_metrics(plan, c["runs"], summarize(done, c["factor_keys"]), answer, c["factor_keys"]))
     atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
                                            "factor_keys": c["factor_keys"], "configs": _run_configs(plan, layout),
+                                           "finetune_problems": c["finetune_problems"],
                                            "ci_method": STATS_METHOD, "test": STATS_TEST,
                                            "statistics": statistics_note(comps)})
     return out

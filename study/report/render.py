@@ -212,7 +212,8 @@ def answer_sentence(sf: StudyFiles) -> dict:
                             f"direction is claimed.", "kind": "paired"}
         verdict = _verdict_words(ans.get("interpretation"))
         text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
-                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds: {verdict}")
+                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds"
+                f"{left_out(sf, fac, (a, b))}: {verdict}")
         if all(finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
             # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
@@ -355,13 +356,15 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
 
 
 def _problem_runs(sf: StudyFiles) -> dict:
+    # fine-tune seeds that diverged (aggregate.collect): left out of every mean, listed with their error
+    ft = sorted(sf.study.get("finetune_problems") or [], key=lambda x: (x["label"], x["init"], x["task"], x["seed"]))
     r = sf.runs
     if r.empty:
-        return {"bad": [], "pending": [], "collapsed": []}
+        return {"bad": [], "pending": [], "collapsed": [], "finetune": ft}
     rec = _records(r)
     return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
             "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
-            "collapsed": _collapsed(rec)}
+            "collapsed": _collapsed(rec), "finetune": ft}
 
 
 def _collapsed(rec: list[dict]) -> list[dict]:
@@ -384,6 +387,24 @@ def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) 
         if r["run_hash"] in bad and (factor is None or str(at) in want):
             out.append(f"{r['label']} seed {r['seed']}")
     return out
+
+
+def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
+    """The runs at the compared levels that are not in the answer (failed, diverged or unfinished), as a
+    clause for the answer sentence: a level compared on its survivors reads otherwise as if all ran.
+    Empty when every run at those levels finished."""
+    if sf.runs.empty or not factor:
+        return ""
+    status = {str(h): str(st) for h, st in zip(sf.runs["run_hash"], sf.runs["status"])}
+    want, out = {str(v) for v in levels}, []
+    for lev in levels:
+        runs = [r for r in sf.plan.get("runs", [])
+                if str(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) == str(lev)]
+        bad = [f"seed {r['seed']} {status.get(r['run_hash'], 'pending')}" for r in runs
+               if status.get(r["run_hash"]) != "done"]
+        if bad and str(lev) in want:
+            out.append(f"{len(bad)} of {len(runs)} runs at {lev}: {', '.join(bad)}")
+    return f" (left out: {'; '.join(out)})" if out else ""
 
 
 def collapse_warning(bad: list[dict], n_runs: int) -> str | None:

@@ -9,8 +9,10 @@ import copy
 import math
 from typing import Any
 
-from study.config import RunConfig
-from study.studies.searchspec import SPLIT_KEYS, ParamSpec
+from study.config import SEMANTIC_SECTIONS, RunConfig
+from study.io import hash_obj
+from study.metrics import PRETRAIN_METRICS
+from study.studies.searchspec import SPLIT_KEYS, ParamSpec, SearchSpec
 from study.studies.spec import Study, build_run_config
 
 
@@ -68,3 +70,29 @@ def resolve_settings(params: dict[str, Any], defaults: dict) -> dict[str, Any]:
 def trial_config(study: Study, settings: dict[str, Any], seed: int) -> RunConfig:
     """The RunConfig of one trial: exactly what `load_study` builds for a run with `set: settings`."""
     return build_run_config(study.defaults, settings, seed, str(study.path))
+
+
+def search_fingerprint(study: Study, search: SearchSpec) -> dict[str, str]:
+    """What a storage's trials were run for, one hash per spec field an error names: the space
+    (`search.params`), the pre-training seeds (`search.seeds`), and everything else a trial's value
+    depends on (`defaults`: the base trial's resolved config, base chain, profile and corpus contents
+    included, without the searched keys and the seed; the fine-tuning recipe only for a downstream
+    objective). The optuna study keeps it from its creation (user attr `fingerprint`): trials of a
+    narrowed range or of other defaults are another search, whose best `search-best` must not report."""
+    settings = resolve_settings(base_point(search.params), study.defaults)
+    dump = trial_config(study, settings, search.seeds[0]).model_dump(mode="json")
+    sections = [*SEMANTIC_SECTIONS]
+    if any(m not in PRETRAIN_METRICS for m in search.terms):
+        sections.append("finetune")
+        dump["finetune"] = {k: v for k, v in dump["finetune"].items() if k not in ("glue_dir", "tasks")}
+    rest = {k: dump[k] for k in sections}
+    for key in settings:  # the searched keys (the split coordinates as masking.mask/random/keep)
+        *parents, leaf = key.split(".")
+        node = rest
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return {"search.params": hash_obj({k: p.model_dump(mode="json") for k, p in sorted(search.params.items())}),
+            "search.seeds": hash_obj(list(search.seeds)),
+            "defaults": hash_obj(rest)}

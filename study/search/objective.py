@@ -21,6 +21,7 @@ from study.errors import Diverged
 from study.io import file_lock, read_json
 from study.metrics import PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
+from study.provenance import git_info
 from study.rundir import RunDir
 from study.search.configs import resolve_settings, tidy, trial_config
 from study.search.grid import GridPointTaken, grid_point_holder
@@ -69,6 +70,7 @@ class Objective:
         settings = resolve_settings(params, self.study.defaults)
         trial.set_user_attr("settings", settings)
         trial.set_user_attr("worker", worker_id())
+        trial.set_user_attr("commit", git_info()["commit"])  # the code that ran it (workers may differ)
         step_pruner = self.search.pruner.kind in ("median", "hyperband")
         values, hashes, self._tokens, self._tokens_total = [], [], 0, 0
         reused_all = True
@@ -211,8 +213,9 @@ class Objective:
                 if not path.exists():
                     raise TrialFailed(f"fine-tuning wrote no {path}")
                 rec = read_json(path)
-                if "skipped" in rec:
-                    raise TrialFailed(f"{task} skipped: {rec['skipped']}")
+                if "skipped" in rec or "diverged" in rec:
+                    raise TrialFailed(f"{task} {'skipped' if 'skipped' in rec else 'diverged'}: "
+                                      f"{rec.get('skipped') or rec.get('diverged')}")
                 vals.append(float(rec["metrics"][name]))
             out[metric] = float(np.mean(vals))
         return out

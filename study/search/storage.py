@@ -78,18 +78,24 @@ def redact(url: str) -> str:
         return url
 
 
-def open_storage(url: str | None, search: SearchSpec, default_dir: Path):
-    """An optuna storage with heartbeats and retry of dead trials. Unreachable -> StudyError, one line."""
+def open_storage(url: str | None, search: SearchSpec, default_dir: Path, create: bool = True):
+    """An optuna storage with heartbeats and retry of dead trials. Unreachable -> StudyError, one line.
+
+    create=False (`study search-best`, which only reads): a SQLite or journal file that does not exist is a
+    StudyError, and nothing is written (opening it would create an empty storage, and the init lock)."""
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     if url is None:
-        default_dir.mkdir(parents=True, exist_ok=True)
+        if create:
+            default_dir.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{(default_dir / 'study.db').resolve()}"
+    if not create:
+        _must_exist(url)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeats and their retry callback are 'experimental' in optuna
         callback = RetryHeartbeatStaleTrialCallback(max_retry=search.max_retry, inherit_intermediate_values=False)
         if url.startswith("journal:"):
-            return _open_journal(Path(url[len("journal:"):].removeprefix("//")), search, callback)
+            return _open_journal(_journal_path(url), search, callback)
         if "://" not in url:
             raise StudyError(f"not a storage URL: {url!r}", field="--storage", allowed=STORAGE_HELP)
         engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -104,7 +110,7 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path):
             try:
                 # Table creation by several fresh workers at once can race; the lock covers one machine,
                 # the retry covers several.
-                with file_lock(lock) if url.startswith("sqlite") else contextlib.nullcontext():
+                with file_lock(lock) if url.startswith("sqlite") and create else contextlib.nullcontext():
                     return optuna.storages.RDBStorage(
                         url, engine_kwargs=engine_kwargs, heartbeat_interval=search.heartbeat_interval,
                         grace_period=search.grace, heartbeat_stale_trial_callback=callback)
@@ -115,6 +121,43 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path):
                 time.sleep(0.5 * (attempt + 1))
         raise StudyError(f"can't open storage {redact(url)}: {one_line(last)}", field="--storage",
                          allowed=STORAGE_HELP)
+
+
+def _journal_path(url: str) -> Path:
+    return Path(url[len("journal:"):].removeprefix("//"))
+
+
+def _must_exist(url: str) -> None:
+    """A storage to read must be there: the file of a SQLite or journal URL (a server's database is
+    not checked here: opening it is the check)."""
+    path = None
+    if url.startswith("journal:"):
+        path = _journal_path(url)
+    elif url.startswith("sqlite"):
+        from sqlalchemy.engine import make_url  # optuna's dependency; imported with it, only when needed
+        try:
+            db = make_url(url).database
+        except Exception:  # noqa: BLE001 - a malformed URL is refused when opened, with its own message
+            return
+        path = Path(db) if db and db != ":memory:" else None
+    if path is not None and not path.is_file():
+        raise StudyError(f"no search storage at {path}", field="--storage",
+                         allowed="the --storage URL a `study search` used")
+
+
+def check_fingerprint(ostudy, want: dict[str, str]) -> None:
+    """The storage's study must hold trials of this very search (study/search/configs.py's
+    search_fingerprint); a field that changed since it was created is a StudyError naming it. A study
+    created before fingerprints were kept has none to compare."""
+    have = ostudy.user_attrs.get("fingerprint")
+    if have is None:
+        return
+    changed = [k for k in want if have.get(k) != want[k]]
+    if changed:
+        raise StudyError(f"the storage's search '{ostudy.study_name}' ran its trials with another "
+                         f"{', '.join(changed)} than this spec now has: its trials and best value belong to "
+                         "that search", field=changed[0],
+                         allowed="the same space and settings, or another --storage")
 
 
 def _open_journal(path: Path, search: SearchSpec, callback):

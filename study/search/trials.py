@@ -1,9 +1,9 @@
 """What a search leaves for people and for the report: trials.csv, best.json and the best trial as a spec.
 
 results/search/<name>/trials.csv has one row per trial, with the columns study/metrics.py defines
-(TRIAL_COLUMNS, then one `params_<key>` column per searched key): the report reads it with the same
-names. `study search-best` writes a self-contained spec that re-trains the best trial's configuration
-with `search.best_seeds`.
+(TRIAL_COLUMNS, then one `params_<key>` column per searched key): the
+report reads it with the same names. `study search-best` writes a self-contained spec that re-trains the
+best trial's configuration with `search.best_seeds`, and best.json: the best trial with what produced it.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import copy
 import csv
 import io
 import json
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -20,8 +21,8 @@ from study.io import atomic_write_json, atomic_write_text
 from study.metrics import TRIAL_COLUMNS, param_column
 from study.paths import Layout
 from study.search.checks import load_search
-from study.search.configs import resolve_settings, tidy_params
-from study.search.storage import open_storage
+from study.search.configs import resolve_settings, search_fingerprint, tidy_params
+from study.search.storage import check_fingerprint, open_storage
 from study.studies.searchspec import SearchSpec
 from study.studies.spec import Study, load_study
 
@@ -40,6 +41,8 @@ def trials_rows(ostudy) -> list[dict]:
             "worker": ua.get("worker"),
             "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
             "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
+            "run_hashes": json.dumps(ua["run_hashes"]) if "run_hashes" in ua else None,
+            "commit": ua.get("commit"),
             **{param_column(k): v for k, v in params.items()},
         })
     return rows
@@ -85,26 +88,33 @@ def write_best(spec: str | Path, out: str | Path | None = None, *, storage: str 
     """`study search-best`: the best trial as a spec (default <spec folder>/<name>-best.yaml), plus
     trials.csv and best.json under results/search/<name>/."""
     import optuna  # only once a search is read: this package is imported by the CLI
+    from study.provenance import provenance  # hardware imports torch: only once there is a best to write
     study, search = load_search(spec, profile=profile)
     out = Path(out) if out else Path(spec).parent / f"{study.name}-best.yaml"
     default_db = layout.search_dir(study.name) / "study.db"
     if storage is None and not default_db.is_file():   # opening it would create an empty storage
         raise StudyError(f"no search storage at {default_db}; run `study search {spec}` first", field="--storage",
                          allowed="the --storage URL the search used, or the default after a `study search`")
-    store = open_storage(storage, search, layout.search_dir(study.name))
+    store = open_storage(storage, search, layout.search_dir(study.name), create=False)
     try:
         ostudy = optuna.load_study(study_name=study.name, storage=store)
     except KeyError:
         raise StudyError(f"no search '{study.name}' in this storage; run `study search {spec}` first",
-                         field="--storage") from None
+                         field="--storage", allowed="the --storage URL the search used") from None
+    # trials of another space or other settings: their best is not this spec's (a value outside its range)
+    check_fingerprint(ostudy, search_fingerprint(study, search))
     doc = best_spec(study, search, ostudy)
     text = (f"# Written by `study search-best {spec}` from optuna study '{study.name}'.\n"
             + yaml.safe_dump(doc, sort_keys=False))
+    with tempfile.TemporaryDirectory() as tmp:  # a valid spec before anything is written
+        (Path(tmp) / out.name).write_text(text)
+        load_study(Path(tmp) / out.name)  # raises StudyError naming the field if not
+    best = ostudy.best_trial
+    info = {"number": best.number, "value": best.value, "params": best.params,
+            "run_hash": best.user_attrs.get("run_hash"), "run_hashes": best.user_attrs.get("run_hashes"),
+            "spec": str(out), "search_spec": str(spec), "profile": profile, "seeds": list(search.seeds),
+            "provenance": provenance()}
     atomic_write_text(out, text)
-    load_study(out)  # what we wrote must be a valid spec; raises StudyError naming the field if not
     export_trials(ostudy, layout.search_dir(study.name) / "trials.csv")
-    atomic_write_json(layout.search_dir(study.name) / "best.json",
-                      {"number": ostudy.best_trial.number, "value": ostudy.best_value,
-                       "params": ostudy.best_params, "run_hash": ostudy.best_trial.user_attrs.get("run_hash"),
-                       "spec": str(out)})
+    atomic_write_json(layout.search_dir(study.name) / "best.json", info)
     return out

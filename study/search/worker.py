@@ -21,19 +21,21 @@ from study.config import RunConfig
 from study.errors import StudyError
 from study.paths import Layout
 from study.search.checks import load_search
-from study.search.configs import base_point, resolve_settings, trial_config
+from study.search.configs import base_point, resolve_settings, search_fingerprint, trial_config
 from study.search.grid import grid_open_points, one_line_for_duplicates
 from study.search.objective import Objective, worker_id
 from study.search.samplers import make_pruner, make_sampler
-from study.search.storage import open_storage
+from study.search.storage import check_fingerprint, open_storage
 from study.search.trials import export_trials
 from study.studies.searchspec import SearchSpec
 from study.studies.spec import Study
 
 
 def create_or_load(storage, study: Study, search: SearchSpec, base: RunConfig):
-    """The optuna study of this spec in `storage`; one that holds another objective is a StudyError."""
+    """The optuna study of this spec in `storage`; one that holds another objective, or trials of another
+    space or other settings (search_fingerprint), is a StudyError."""
     import optuna  # only once a search runs: this package is imported by the CLI
+    fingerprint = search_fingerprint(study, search)  # before the storage is written: a bad spec fails first
     ostudy = optuna.create_study(storage=storage, study_name=study.name, direction=search.resolved_direction,
                                  sampler=make_sampler(search), pruner=make_pruner(search, base), load_if_exists=True)
     want = {"objective": search.terms, "direction": search.resolved_direction}
@@ -48,6 +50,9 @@ def create_or_load(storage, study: Study, search: SearchSpec, base: RunConfig):
                          f"({ostudy.user_attrs.get('direction')}); this spec asks for {want['objective']} "
                          f"({want['direction']})", field="search.objective",
                          allowed="the same objective, or another --storage / study name")
+    check_fingerprint(ostudy, fingerprint)
+    if "fingerprint" not in ostudy.user_attrs:  # a new study (or one from before fingerprints: from now on)
+        ostudy.set_user_attr("fingerprint", fingerprint)
     return ostudy
 
 
@@ -67,7 +72,7 @@ def run_search(spec: str | Path, *, storage: str | None = None, n_trials: int | 
     n_trials = n_trials if n_trials is not None else search.n_trials
     timeout = timeout if timeout is not None else search.timeout
     if n_trials is not None and n_trials < 1:
-        raise StudyError("must be >= 1", field="--n-trials")
+        raise StudyError(f"got {n_trials}", field="--n-trials", allowed="an integer >= 1 (default: search.n_trials)")
     if timeout is not None and not timeout > 0:   # 0 or less would end the search before its first trial
         raise StudyError(f"got {timeout:g}", field="--timeout", allowed="seconds > 0")
     base = trial_config(study, resolve_settings(base_point(search.params), study.defaults), search.seeds[0])

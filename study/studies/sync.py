@@ -19,8 +19,9 @@ folder declared as an output, 50 studies x 20 runs took 39 s for `dvc status`. S
 - One stage per study, `study-<s>`: pretrain, finetune, aggregate, report, stamp. Each command reuses what
   is done, so a rerun costs what changed (a new factor level trains one run, a new recipe fine-tunes).
 - `code-study` (`code-search`): one digest of the code the study stages run, so a study stage depends on
-  one file, not on eight folders hashed again per study (a module added inside a folder counts).
-- `data-<data_hash>`: results/data/<data_hash> (a DVC output) and its digest pipeline/data-<hash>.json.
+  one file, not on twenty code paths hashed again per study (a module added inside a folder counts).
+- `data-<data_hash>`: results/data/<data_hash> (a DVC output) and its digest pipeline/data-<hash>.json; it
+  depends on the corpus files and folders the spec names, as a study stage on its GLUE task folders.
 - The stamps in pipeline/ are `cache: false` outputs that git carries (`study sync` writes placeholders
   until their stages run): every dependency of a study stage exists in a fresh clone, as `dvc repro
   --dry` needs (treeverse/dvc#9021: DVC hashes a missing upstream output and fails).
@@ -55,14 +56,13 @@ SELECTION_FILE = "params.yaml"
 # Code dependencies are whole packages (folders), so a module added inside one counts, plus the top-level
 # modules every stage's results depend on. Data stages list theirs; the study stages depend on a
 # `code-<kind>` stamp of them instead (one digest for all studies).
-SHARED_CODE = ["study/config.py", "study/runtime.py"]
+# Every `study` command imports the CLI, study/studies and study/search (the parser registers `search`), and a
+# trial trains like a run: both kinds digest every `study.*` module the commands import (tests/test_sync.py).
+ROOT_CODE = [f"study/{m}.py" for m in ("__init__", "cli", "config", "errors", "faults", "io", "lazy", "metrics",
+                                       "parallel", "paths", "provenance", "rundir", "runtime")]
 DATA_CODE = ["study/data", "study/config.py"]
-CODE = {
-    "study": ["study/data", "study/model", "study/pretrain", "study/downstream", "study/report", "study/metrics.py",
-              *SHARED_CODE],
-    "search": ["study/search", "study/studies/searchspec.py", "study/data", "study/model", "study/pretrain",
-               "study/downstream", "study/metrics.py", *SHARED_CODE],
-}
+CODE = {kind: ["study/data", "study/model", "study/pretrain", "study/downstream", "study/report", "study/studies",
+               "study/search", *ROOT_CODE] for kind in ("study", "search")}
 # The stamps (`study sync --stamp`): small JSON files that git carries (cache: false outputs), so that every
 # dependency of a study stage exists in a fresh clone (see `pipeline_document`).
 MANIFESTS = "pipeline"
@@ -179,9 +179,13 @@ def runs_document(ablations: Path, selection: list[tuple[str, str | None]], sour
     studies: dict[str, dict] = {}
     data: dict[str, dict] = {}
     for spec, study in load_selected(ablations, selection, source):
+        if study.name in studies:  # one stage per name: the second would replace the first without a word
+            raise StudyError(f"{studies[study.name]['spec']} and {spec} both make study {study.name!r}",
+                             field="name", source=spec, allowed="specs with distinct names")
         studies[study.name] = entry = study_entry(spec, study, ablations.parent)
-        for dh in entry["data"]:
-            data.setdefault(dh, {"spec": spec, "args": entry["args"]})
+        for run in study.runs:
+            data.setdefault(run.config.data_hash(), {"spec": spec, "args": entry["args"],
+                                                     "sources": _corpus_paths(run.config)})
     return {"selection": [selection_entry(*e) for e in selection], "studies": studies, "data": data}
 
 
@@ -197,11 +201,19 @@ def study_entry(spec: str, study: Study, root: Path) -> dict:
             # RunConfig's own key (RunConfig.baseline_key), so sync never imports torch; the recipe is the
             # first run's that has it, as in `study finetune`
             baselines.setdefault(cfg.baseline_key(), {"data": dh, "finetune": fh})
+    search, configs = study.spec.search, [r.config for r in study.runs]
     return {"spec": spec, "bases": _bases(root, spec), "profile": study.profile, "args": _args(study.profile),
             "runs": dict(sorted(runs.items())),
             "baselines": dict(sorted(baselines.items())), "data": sorted({r["data"] for r in runs.values()}),
             # the resolved recipe (profile and base applied); its hash is in the study stage's command (`_of`)
-            "finetune": _recipes(study), "search": study.spec.search is not None}
+            "finetune": _recipes(study), "search": search is not None}
+
+
+def _corpus_paths(cfg) -> list[str]:
+    """The local corpus files and folders, as the spec writes them: deps of the data stage (DVC takes ../ paths)."""
+    paths = [s.path for s in cfg.corpus.sources if s.path]
+    paths += [s.name for s in cfg.corpus.sources if s.kind == "hf" and Path(s.name).is_dir()]
+    return list(dict.fromkeys(Path(p).as_posix() for p in paths))
 
 
 def _bases(root: Path, spec: str) -> list[str]:
@@ -258,16 +270,17 @@ def pipeline_document(doc: dict) -> dict:
     for dh, d in sorted(doc["data"].items()):
         prepare = _cmd("study prepare", d["spec"], d["args"], f"--data {dh} --quiet")
         stages[f"data-{dh}"] = {"cmd": f"{prepare} && {_stamp(f'data-{dh}')}",
-                                "deps": DATA_CODE,
+                                "deps": [*DATA_CODE, *d["sources"]],
                                 "outs": [f"results/data/{dh}", {_manifest(f"data-{dh}"): {"cache": False}}]}
     studies = doc["studies"]
     used = {"study": bool(studies), "search": any(s["search"] for s in studies.values())}
     for kind in (k for k in CODE if used[k]):
-        stages[f"code-{kind}"] = {"cmd": _stamp(f"code-{kind}"), "deps": CODE[kind],
+        stages[f"code-{kind}"] = {"cmd": _stamp(f"code-{kind}"), "deps": list(CODE[kind]),
                                   "outs": [{_manifest(f"code-{kind}"): {"cache": False}}]}
     plots, metrics = [], []
     for name, s in studies.items():
         spec, args = s["spec"], s["args"]
+        inputs = [spec, *s["bases"], *(_manifest(f"data-{dh}") for dh in s["data"])]  # for study and search
         # --keep-going: a failed/diverged run is recorded in its folder and the study goes on to its report.
         # The spec is a dependency: `dvc exp run -S SPEC:defaults.finetune.epochs=2` reruns the stage.
         stages[f"study-{name}"] = {
@@ -280,8 +293,10 @@ def pipeline_document(doc: dict) -> dict:
             # Every dependency is a file git carries (the spec, its bases, the data and code stamps, which
             # `study sync` writes as placeholders until their stages run), none an output only DVC's cache
             # holds: so `dvc repro --dry study-<s>` answers in a fresh clone, where DVC would otherwise hash
-            # the missing upstream output and fail (treeverse/dvc#9021).
-            "deps": [spec, *s["bases"], *(_manifest(f"data-{dh}") for dh in s["data"]), _manifest("code-study")],
+            # the missing upstream output and fail (treeverse/dvc#9021). Not the GLUE task folders: a fresh
+            # machine without them runs the study (the report records those tasks as skipped) rather than
+            # failing on a missing dependency; a task folder added later needs `dvc repro -f -s study-<s>`.
+            "deps": [*inputs, _manifest("code-study")],
             # The aggregate and the report are cached: `dvc pull` brings both. persist on the manifest: DVC
             # then never restores this stage from its run cache instead of running it (the manifest stands
             # for run folders that restoring would not bring back).
@@ -298,7 +313,8 @@ def pipeline_document(doc: dict) -> dict:
                 "cmd": _cmd("study search", spec, args, "--quiet") + " && "
                        + _cmd("study search-best", spec, args, f"--out results/search/{name}/best.yaml"),
                 "params": [{spec: ["search"]}],
-                "deps": [_manifest("code-search")],
+                # what the study stage reads (a trial is a run of the spec at its profile, on its data)
+                "deps": [*inputs, _manifest("code-search")],
                 "outs": [{f"results/search/{name}": {"persist": True, "cache": False}}],
             }
         if s["runs"]:
@@ -360,9 +376,9 @@ def write_runs_file(ablations: Path, out: Path) -> bool:
     """Write study_runs.yaml and dvc.yaml next to it (and params.yaml's selection when it has none, and a
     placeholder for each missing stamp a study stage depends on); True when anything changed."""
     sel_path = out.parent / SELECTION_FILE
+    _, files, stamps = _generated(ablations, out)  # a StudyError here leaves every file as it was
     if read_selection(sel_path) is None:  # explicit from now on: the selection is a committed file
         write_selection(sel_path, default_selection(ablations))
-    _, files, stamps = _generated(ablations, out)
     changed = False
     for path, text in [*files, *((p, _placeholder(p)) for p in stamps if not p.exists())]:
         if not (path.exists() and path.read_text() == text):
@@ -397,6 +413,7 @@ def change_selection(ablations: Path, out: Path, spec: str, profile: str | None,
         if entry not in selection:
             check_entry(ablations, spec, profile, "spec", "--profile", "command line")  # fails before writing
             selection.append(entry)
+            runs_document(ablations, selection, str(sel_path))  # e.g. two specs with one name: before writing
     elif entry in selection:
         selection.remove(entry)
     else:
