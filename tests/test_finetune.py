@@ -31,7 +31,7 @@ NEG = ["bad", "awful", "poor", "dull", "terrible", "boring"]
 FILL = ["the", "movie", "film", "was", "plot", "a", "story", "actors", "really", "quite", "it", "is", "and",
         "with", "of", "this", "that", "scenes", "music", "ending"]
 KEYS = {"run_key", "task", "mode", "init", "seed", "metrics", "primary_metric", "primary", "n_train", "n_eval",
-        "finetune_hash", "provenance"}
+        "finetune_hash", "task_data", "provenance"}
 
 
 def sentence(rng, label: int) -> str:
@@ -374,3 +374,28 @@ def test_a_diverging_seed_is_recorded_and_the_rest_go_on(done, tmp_path, monkeyp
         [("SST-2", 1)]
     ft_rows = c["tidy"][c["tidy"]["task"] == "SST-2"]
     assert set(ft_rows["finetune_seed"]) == (set() if batched else {0})
+
+
+def test_a_result_of_other_task_files_is_recomputed(done, tmp_path, monkeypatch):
+    """A fine-tune result keeps the content hash of the task files it used (`task_data`); after a task file
+    changes it is recomputed, not reused (before: the recipe hash leaves glue_dir and its files out, so
+    an edited TSV kept the old scores). Unchanged files, or the same files in another folder, reuse it."""
+    glue = tmp_path / "glue"
+    shutil.copytree(done["glue"], glue)
+    cfg = make_cfg(glue, tasks=["SST-2"], seeds=[0], probe=False, epochs=1)
+    layout = Layout(root=tmp_path / "results")
+    shutil.copytree(done["layout"].run_dir(cfg.run_hash()) / "model", layout.run_dir(cfg.run_hash()) / "model")
+    first = finetune_run(cfg, layout, quiet=True)[0]
+    assert isinstance(first["task_data"], str)
+    calls = []
+    real = ft_mod._finetune_one
+    monkeypatch.setattr(ft_mod, "_finetune_one", lambda *a, **k: calls.append(1) or real(*a, **k))
+    moved = tmp_path / "glue2"
+    shutil.copytree(glue, moved)
+    assert finetune_run(make_cfg(moved, tasks=["SST-2"], seeds=[0], probe=False, epochs=1), layout, quiet=True)[0] \
+        == first and calls == []
+    dev = glue / "SST-2" / "dev.tsv"
+    lines = dev.read_text().splitlines(keepends=True)
+    dev.write_text("".join(lines[:-25]))         # a corrected dev file: 75 rows, under the cap of 80
+    again = finetune_run(cfg, layout, quiet=True)[0]
+    assert calls == [1] and again["task_data"] != first["task_data"] and (first["n_eval"], again["n_eval"]) == (80, 75)

@@ -495,3 +495,17 @@ def test_a_missing_corpus_source_is_refused_at_validation(tmp_path, capsys):
     err = _rejects(tmp_path, capsys, f"name: t\ndefaults:\n  corpus:\n    sources: [embedded, 'text:{tmp_path}/nope']\n",
                    "corpus.sources[1].path")
     assert "does not exist" in err and "s.yaml" in err
+
+
+def test_a_factor_that_cannot_change_the_run_is_refused(tmp_path, capsys):
+    """Span settings without span masking, or short_seq_prob in a format that never draws short rows, give
+    runs that differ only in their hash: the same model trained twice, compared with itself. Refused
+    (exit 2, naming the key and the setting that would make it count); the same factor where it acts is fine."""
+    err = _rejects(tmp_path, capsys, "name: t\nfactors:\n  masking.span_p: [0.1, 0.3]\n", "masking.span_p")
+    assert "masking.unit is token" in err and "masking.unit: span" in err
+    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {format: doc_sentences, sentence: none}\n"
+                                     "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n", "objective.short_seq_prob")
+    assert "objective.format is doc_sentences" in err
+    ok = write(tmp_path, "name: t\ndefaults:\n  masking: {unit: span}\nfactors:\n  masking.span_p: [0.1, 0.3]\n",
+               "ok.yaml")
+    assert len(load_study(ok).runs) == 2

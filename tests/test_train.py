@@ -790,7 +790,17 @@ def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
     assert m2["ref_mlm_loss"] == pytest.approx(m1["ref_mlm_loss"], rel=1e-4)
 
     # both ranks SIGKILLed at their 8th step (study/faults.py), then restarted: resumes from step 5
-    # (RNG states of both ranks restored from rank 0's checkpoint) and ends bitwise equal
+    # (RNG states of both ranks restored from rank 0's checkpoint) and ends bitwise equal. With dropout on,
+    # so that each rank's own dropout stream must come back (at 0 a lost RNG state would go unseen)
+    cfg = make_cfg(corpus, train__amount=15, impl__checkpoint_every=5)
+    assert cfg.model.dropout > 0 and cfg.model.attention_dropout > 0
+    cfg_path.write_text(cfg.model_dump_json())
+    ddp = layout("ddp-dropout")
+    cmd[cmd.index("--results") + 1] = str(ddp.root)
+    cmd[cmd.index("--master_port") + 1] = str(_free_port())
+    out = subprocess.run(cmd, cwd=REPO, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = ddp.run_dir(cfg.run_hash())
     killed = layout("ddp-killed")
     cmd_k = [c if c != str(ddp.root) else str(killed.root) for c in cmd]
     cmd_k[cmd_k.index("--master_port") + 1] = str(_free_port())

@@ -58,7 +58,7 @@ from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_ba
 from study.downstream.probe import probe
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 from study.errors import StudyError
-from study.io import atomic_write_json, file_lock, read_json
+from study.io import atomic_write_json, file_lock, hash_obj, read_json, sha256_file
 from study.model.bert import build_model
 from study.model.load import load_pretrained
 from study.paths import Layout
@@ -218,14 +218,27 @@ def _validate(cfg: RunConfig) -> list[TaskSpec]:
     return specs
 
 
-def _existing(path: Path) -> dict | None:
+def task_digest(spec: TaskSpec, glue_dir: str) -> str | None:
+    """The content of a task's local train and dev files (None for the hub or a missing file). Kept in each
+    result (`task_data`): a result computed from other task files is recomputed, never reused, as a run is
+    retrained when its corpus changes. The recipe hash leaves glue_dir out, so a moved folder reuses."""
+    if glue_dir == HUB:
+        return None
+    files = [task_path(spec.name, glue_dir, split) for split in ("train", "dev")]
+    return hash_obj([sha256_file(f) for f in files], length=16) if all(f.is_file() for f in files) else None
+
+
+def _existing(path: Path, digest: str | None = None) -> dict | None:
     if not path.is_file():
         return None
     try:
         res = read_json(path)
     except (OSError, json.JSONDecodeError):
         return None   # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
-    return None if "skipped" in res else res
+    if "skipped" in res:
+        return None
+    # of other task data: recompute (a result written before task_data was kept has none: reused)
+    return None if digest is not None and res.get("task_data", digest) != digest else res
 
 
 def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], Encoder],
@@ -243,9 +256,10 @@ def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Call
 def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) -> list[dict]:
     ft = cfg.finetune
     plan = []   # (spec, paths, what): what = "done" | skip reason | (train, dev)
+    digests = {spec.name: task_digest(spec, ft.glue_dir) for spec in specs}
     for spec in specs:
         paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
-        done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}
+        done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
         plan.append([spec, paths, "done" if len(done) == len(paths) else _unavailable(spec, ft.glue_dir)])
     enc: Encoder | None = None
     if any(what != "done" for _, _, what in plan):
@@ -258,7 +272,7 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) ->
     results: list[dict] = []
     for spec, paths, what in plan:
         if what == "done":
-            results.extend(_existing(p) for p in paths.values())
+            results.extend(_existing(p, digests[spec.name]) for p in paths.values())
         elif isinstance(what, str):
             for p in paths.values():
                 rec = {"run_key": run_key, "task": spec.name, "skipped": what}
@@ -267,13 +281,14 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) ->
         else:
             lock = layout.cache_dir("finetune") / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
             with file_lock(lock):
-                done = {k: r for k, p in paths.items() if (r := _existing(p)) is not None}  # another process?
+                # another process?
+                done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
                 results.extend(_run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout,
-                                         rt, quiet, *what))
+                                         rt, quiet, digests[spec.name], *what))
     return results
 
 
-def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt, quiet,
+def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt, quiet, digest,
               train: TaskData, dev: TaskData) -> list[dict]:
     ft = cfg.finetune
     e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
@@ -284,13 +299,14 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
         m = out["metrics"]
         return {"run_key": run_key, "task": spec.name, "mode": mode, "init": init, "seed": seed, "metrics": m,
                 "primary_metric": spec.primary, "primary": m[spec.primary], "n_train": len(train),
-                "n_eval": len(dev), "finetune_hash": fh, "provenance": prov, "encoder": enc.source,
-                **{k: v for k, v in out.items() if k != "metrics"}}
+                "n_eval": len(dev), "finetune_hash": fh, "task_data": digest, "provenance": prov,
+                "encoder": enc.source, **{k: v for k, v in out.items() if k != "metrics"}}
 
     def diverged(seed: int, exc: FloatingPointError) -> dict:
         print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
         return {"run_key": run_key, "task": spec.name, "mode": "finetune", "init": init, "seed": seed,
-                "diverged": str(exc), "finetune_hash": fh, "provenance": prov, "encoder": enc.source}
+                "diverged": str(exc), "finetune_hash": fh, "task_data": digest, "provenance": prov,
+                "encoder": enc.source}
 
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]

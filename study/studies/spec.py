@@ -404,6 +404,28 @@ def _same_level(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+# A factor key that changes nothing unless another setting has one of these values: varying it elsewhere
+# trains identical models under different run hashes and compares noise with itself.
+INERT_UNLESS = {"masking.span_p": ("masking.unit", ("span",)), "masking.span_max": ("masking.unit", ("span",)),
+                "objective.short_seq_prob": ("objective.format", ("segment_pair", "sentence_pair"))}
+
+
+def check_inert_factors(study: Study) -> None:
+    """A design point that sets an INERT_UNLESS key where its governing setting makes it inert is an error."""
+    for run in study.runs:
+        for key in run.factors:
+            if key not in INERT_UNLESS:
+                continue
+            gov, live = INERT_UNLESS[key]
+            section, name = gov.split(".")
+            have = getattr(getattr(run.config, section), name)
+            if have not in live:
+                raise StudyError(f"has no effect in run '{short(run.label, 60)}': its {gov} is {have}, so the "
+                                 f"runs that differ only here would be the same model", field=key,
+                                 source=str(study.path), allowed=f"{gov}: {' or '.join(live)} in the runs that "
+                                                                  f"set it, or drop {key} from the factors")
+
+
 def check_report_hints(study: Study) -> None:
     """report.x, hue, compare and primary_metric checked against what the study's runs will produce.
 
@@ -498,5 +520,6 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
                                  field="factors", source=source)
             seen[run.run_hash] = label
             study.runs.append(run)
+    check_inert_factors(study)
     check_report_hints(study)
     return study
