@@ -506,6 +506,9 @@ def test_a_factor_that_cannot_change_the_run_is_refused(tmp_path, capsys):
     err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {format: doc_sentences, sentence: none}\n"
                                      "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n", "objective.short_seq_prob")
     assert "objective.format is doc_sentences" in err
+    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {format: sentence_pair}\n"
+                                     "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n", "objective.short_seq_prob")
+    assert "objective.format is sentence_pair" in err and "objective.format: segment_pair" in err
     ok = write(tmp_path, "name: t\ndefaults:\n  masking: {unit: span}\nfactors:\n  masking.span_p: [0.1, 0.3]\n",
                "ok.yaml")
     assert len(load_study(ok).runs) == 2

@@ -887,8 +887,9 @@ def test_sigterm_while_finishing_stops_the_command_and_keeps_the_run(corpus, lay
 
 
 def test_resume_never_pads_a_short_history(corpus, layout):
-    """A history.jsonl shorter than its checkpoint says (cut from outside) is left as it is on resume:
-    before, truncate() to the recorded size padded it with NUL bytes and the next line read as garbage."""
+    """A history.jsonl shorter than its checkpoint says (cut from outside) keeps its whole lines on resume:
+    before, truncate() to the recorded size padded it with NUL bytes and the next line read as garbage;
+    a line cut in the middle is dropped, so the next one is not glued onto it."""
     cfg = make_cfg(corpus, train__amount=12, impl__checkpoint_every=4)
     lay = layout("a")
     os.environ[NAN_ENV] = "9"   # stop the first session after step 8's checkpoint, as a kill would
@@ -901,7 +902,7 @@ def test_resume_never_pads_a_short_history(corpus, layout):
     # the run diverged: make it resumable from its step-8 checkpoint, with its history cut short
     (rd.path / "status.json").unlink()
     text = rd.history_path.read_text().splitlines(keepends=True)
-    rd.history_path.write_text("".join(text[:2]))
+    rd.history_path.write_text("".join(text[:2]) + text[2][:10])   # and cut inside its third line
     with pytest.warns(RuntimeWarning, match="shorter"):
         train_run(cfg, lay, quiet=True)
     raw = rd.history_path.read_bytes()

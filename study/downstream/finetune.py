@@ -310,18 +310,19 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
 
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]
+    stacked: dict = {}
     if todo and cfg.impl.finetune_batched_seeds:   # every missing seed in one stacked model (batched.py)
         try:
             stacked = batched.finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
                                              f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
-        except FloatingPointError as exc:  # one stacked step: the whole group stops, each seed says so
-            stacked = {s: FloatingPointError(f"{exc} (seeds {todo} trained together)") for s in todo}
+        except FloatingPointError as exc:
+            # one stacked step stops every seed in it: each seed then trains on its own, so whether a seed
+            # scores or is recorded diverged never depends on this speed setting (outside the run hash)
+            print(f"batched fine-tuning stopped ({exc}); {spec.name} seeds {todo} one at a time", file=sys.stderr)
     for seed in todo:
         try:
-            res = stacked[seed] if cfg.impl.finetune_batched_seeds else _finetune_one(
+            res = stacked[seed] if seed in stacked else _finetune_one(
                 cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
-            if isinstance(res, FloatingPointError):
-                raise res
             rec = record("finetune", seed, res)
         except FloatingPointError as exc:   # this seed only: the others (and the study) go on
             rec = diverged(seed, exc)

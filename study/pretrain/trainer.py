@@ -286,10 +286,12 @@ class Trainer:
         ck = load_latest_checkpoint(rd.ckpt_dir, self.cfg.run_hash(), self._report)
         if self.dist.main and rd.history_path.exists():
             size = ck["state"]["history_bytes"] if ck else 0
-            if rd.history_path.stat().st_size < size:
+            have = rd.history_path.stat().st_size
+            if have < size:   # cut from outside: keep its whole lines, never pad it with NULs
                 self._report(f"history.jsonl is shorter than its checkpoint says ({size} bytes)")
+                size = rd.history_path.read_bytes().rfind(b"\n") + 1
             with open(rd.history_path, "r+b") as f:  # drop what the interrupted session logged later
-                f.truncate(min(size, rd.history_path.stat().st_size))  # never pad a short file with NULs
+                f.truncate(size)
         if ck is None:
             return
         self.model.load_state_dict(ck["model"])
@@ -383,7 +385,7 @@ class Trainer:
         self.last_beat = now
         cfg, st = self.cfg, self.state
         print(f"pretrain {cfg.run_hash()} step {st.step:,} ({100 * min(_progress(cfg, st), 1.0):.0f}% of "
-              f"{cfg.train.amount:,g} {cfg.train.budget}), loss {loss:.3f}, "
+              f"{cfg.train.amount:,.0f} {cfg.train.budget}), loss {loss:.3f}, "
               f"{f'{tps:,.0f}' if tps else '-'} tok/s", file=sys.stderr, flush=True)
 
     def _loop(self) -> dict:

@@ -152,7 +152,9 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                 if "skipped" in res:
                     continue
                 if "diverged" in res:   # no score: listed in the report, never averaged as one
-                    ft_problems.append({"run_hash": r["run_hash"], "source_key": run_key, "label": r["label"],
+                    # a random-init baseline may be shared by several runs: named as what it is
+                    ft_problems.append({"run_hash": r["run_hash"], "source_key": run_key,
+                                        "label": "random init" if init == "random" else r["label"],
                                         "init": res.get("init", init), "task": res["task"], "mode": res["mode"],
                                         "seed": res["seed"], "error": res["diverged"]})
                     continue

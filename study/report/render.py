@@ -396,13 +396,13 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
     if sf.runs.empty or not factor:
         return ""
     status = {str(h): str(st) for h, st in zip(sf.runs["run_hash"], sf.runs["status"])}
-    want, out = {str(v) for v in levels}, []
+    out = []
     for lev in levels:
         runs = [r for r in sf.plan.get("runs", [])
                 if str(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) == str(lev)]
         bad = [f"seed {r['seed']} {status.get(r['run_hash'], 'pending')}" for r in runs
                if status.get(r["run_hash"]) != "done"]
-        if bad and str(lev) in want:
+        if bad:
             out.append(f"{len(bad)} of {len(runs)} runs at {lev}: {', '.join(bad)}")
     return f" (left out: {'; '.join(out)})" if out else ""
 

@@ -407,7 +407,7 @@ def _same_level(a: Any, b: Any) -> bool:
 # A factor key that changes nothing unless another setting has one of these values: varying it elsewhere
 # trains identical models under different run hashes and compares noise with itself.
 INERT_UNLESS = {"masking.span_p": ("masking.unit", ("span",)), "masking.span_max": ("masking.unit", ("span",)),
-                "objective.short_seq_prob": ("objective.format", ("segment_pair", "sentence_pair"))}
+                "objective.short_seq_prob": ("objective.format", ("segment_pair",))}  # instances.target_len
 
 
 def check_inert_factors(study: Study) -> None:

@@ -21,7 +21,8 @@ folder declared as an output, 50 studies x 20 runs took 39 s for `dvc status`. S
 - `code-study` (`code-search`): one digest of the code the study stages run, so a study stage depends on
   one file, not on twenty code paths hashed again per study (a module added inside a folder counts).
 - `data-<data_hash>`: results/data/<data_hash> (a DVC output) and its digest pipeline/data-<hash>.json; it
-  depends on the corpus files and folders the spec names, as a study stage on its GLUE task folders.
+  depends on the local corpus files and folders the spec names (study stages do not depend on the GLUE
+  folders: a machine without them runs the study and reports those tasks as skipped; see pipeline_document).
 - The stamps in pipeline/ are `cache: false` outputs that git carries (`study sync` writes placeholders
   until their stages run): every dependency of a study stage exists in a fresh clone, as `dvc repro
   --dry` needs (treeverse/dvc#9021: DVC hashes a missing upstream output and fails).
@@ -211,9 +212,9 @@ def study_entry(spec: str, study: Study, root: Path) -> dict:
 
 def _corpus_paths(cfg) -> list[str]:
     """The local corpus files and folders, as the spec writes them: deps of the data stage (DVC takes ../ paths)."""
-    paths = [s.path for s in cfg.corpus.sources if s.path]
-    paths += [s.name for s in cfg.corpus.sources if s.kind == "hf" and Path(s.name).is_dir()]
-    return list(dict.fromkeys(Path(p).as_posix() for p in paths))
+    # only `path` sources: whether an hf `name` is a local folder depends on the machine running sync, and
+    # the generated dvc.yaml must not
+    return list(dict.fromkeys(Path(s.path).as_posix() for s in cfg.corpus.sources if s.path))
 
 
 def _bases(root: Path, spec: str) -> list[str]:
