@@ -15,7 +15,8 @@ import torch
 
 from study.config import FinetuneConfig
 from study.downstream.tasks import HUB, TaskData
-from study.io import atomic_write_bytes, hash_obj, sha256_file
+from study.data.corpus import file_digest
+from study.io import atomic_write_bytes, hash_obj
 from study.paths import Layout
 
 EVAL_BATCH = 128
@@ -47,7 +48,7 @@ def encode(tokenizer, data: TaskData, max_length: int, layout: Layout, glue_dir:
     """Tokenize a (capped) split, cached by tokenizer + file content + max_length + rows kept. The cache
     key holds the tokenizer's full serialized state (vocab, normalizer, post-processor)."""
     src = data.source
-    content = sha256_file(src) if glue_dir != HUB and Path(src).is_file() else src
+    content = file_digest(Path(src)) if glue_dir != HUB and Path(src).is_file() else src
     key = hash_obj({"tok": hash_obj(tokenizer.backend_tokenizer.to_str(), length=16), "task": data.task, "split": data.split, "content": content,
                     "max_length": max_length, "rows": hash_obj([data.text_a, data.text_b])}, length=20)
     path = layout.cache_dir("finetune") / f"{data.task}-{data.split}-{key}.npz"

@@ -58,7 +58,8 @@ from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_ba
 from study.downstream.probe import probe
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 from study.errors import StudyError
-from study.io import atomic_write_json, file_lock, hash_obj, read_json, sha256_file
+from study.data.corpus import file_digest
+from study.io import atomic_write_json, file_lock, hash_obj, read_json
 from study.model.bert import build_model
 from study.model.load import load_pretrained
 from study.paths import Layout
@@ -225,7 +226,8 @@ def task_digest(spec: TaskSpec, glue_dir: str) -> str | None:
     if glue_dir == HUB:
         return None
     files = [task_path(spec.name, glue_dir, split) for split in ("train", "dev")]
-    return hash_obj([sha256_file(f) for f in files], length=16) if all(f.is_file() for f in files) else None
+    # file_digest: cached by size and mtime, so a call whose results are all done does not re-read the files
+    return hash_obj([file_digest(f) for f in files], length=16) if all(f.is_file() for f in files) else None
 
 
 def _existing(path: Path, digest: str | None = None) -> dict | None:

@@ -380,13 +380,7 @@ def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) 
     if sf.runs.empty:
         return []
     bad = {str(x.get("run_hash")) for x in _collapsed(_records(sf.runs))}
-    want = {str(v) for v in levels}
-    out = []
-    for r in sf.plan.get("runs", []):
-        at = r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)
-        if r["run_hash"] in bad and (factor is None or str(at) in want):
-            out.append(f"{r['label']} seed {r['seed']}")
-    return out
+    return [f"{r['label']} seed {r['seed']}" for r in _runs_at(sf, factor, levels) if r["run_hash"] in bad]
 
 
 def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
@@ -398,13 +392,19 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
     status = {str(h): str(st) for h, st in zip(sf.runs["run_hash"], sf.runs["status"])}
     out = []
     for lev in levels:
-        runs = [r for r in sf.plan.get("runs", [])
-                if str(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) == str(lev)]
+        runs = _runs_at(sf, factor, (lev,))
         bad = [f"seed {r['seed']} {status.get(r['run_hash'], 'pending')}" for r in runs
                if status.get(r["run_hash"]) != "done"]
         if bad:
             out.append(f"{len(bad)} of {len(runs)} runs at {lev}: {', '.join(bad)}")
     return f" (left out: {'; '.join(out)})" if out else ""
+
+
+def _runs_at(sf: StudyFiles, factor: str | None, levels: tuple) -> list[dict]:
+    """The plan's runs at the given levels of `factor` ("label" or a factor key); every run without one."""
+    want = {str(v) for v in levels}
+    return [r for r in sf.plan.get("runs", []) if factor is None
+            or str(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want]
 
 
 def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
