@@ -16,7 +16,7 @@ import yaml
 
 from study.cli import main as study_main
 from study.errors import StudyError
-from study.studies.sync import CODE, pipeline_document, runs_document
+from study.studies.sync import CODE, DATA_CODE, pipeline_document, runs_document
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,3 +150,21 @@ def test_code_stamps_cover_every_module_the_stage_commands_import():
         uncovered = [f for f in files if f != "study/studies/sync.py"
                      and not any(f == p or f.startswith(p + "/") for p in paths)]
         assert not uncovered, f"code-{kind} does not digest {uncovered}"
+
+
+def test_data_stages_digest_every_module_prepare_imports():
+    """A data stage's outputs are made by `study.data.prepare` and what it imports (lazy imports included):
+    an edit to any of those modules must rerun the stage. DATA_CODE was study/data and config.py only, so
+    an edited io.py (the atomic writes, the hashes) left `dvc status` up to date."""
+    modules = sorted(_imported("study.data.prepare", set()))
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+            "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = [Path(f).resolve().relative_to(REPO).as_posix() for f in json.loads(proc.stdout.splitlines()[-1])]
+    assert "study/data/masking.py" in files and "study/io.py" in files  # it followed the lazy imports
+    uncovered = [f for f in files if not any(f == p or f.startswith(p + "/") for p in DATA_CODE)]
+    assert not uncovered, f"the data stages do not depend on {uncovered}"

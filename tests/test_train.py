@@ -375,6 +375,43 @@ def test_on_eval_stop_keeps_run_resumable_and_damaged_checkpoints_fall_back(corp
     assert_same_weights(ref_run, run2)
 
 
+def test_a_fresh_start_after_rejected_checkpoints_keeps_its_own(corpus, layout):
+    """Every checkpoint damaged -> training starts from scratch. Its first checkpoint (step 10) has a lower
+    step than the rejected files, which counted as the newest two: the write deleted the new file, so a
+    second interruption started from scratch again. Now a write removes the rejected later files."""
+    cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=10)
+    lay = layout("a")
+    run = lay.run_dir(cfg.run_hash())
+    with pytest.raises(Stop):
+        train_run(cfg, lay, quiet=True, on_eval=_stop_at(20))
+    for p in (run / "checkpoints").glob("*.pt"):
+        p.write_bytes(p.read_bytes()[:100])
+    with pytest.warns(RuntimeWarning, match="from scratch"), pytest.raises(Stop):
+        train_run(cfg, lay, quiet=True, on_eval=_stop_at(10))
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == ["step-00000010.pt"]
+    train_run(cfg, lay, quiet=True)
+    assert [e["from"] for e in events(run) if e["event"] == "resume"] == ["step-00000010.pt"]
+
+
+def test_an_intact_checkpoint_that_does_not_load_is_an_error_and_kept(corpus, layout):
+    """A checkpoint that passes its checksum but does not fit the code (here a renamed parameter, as after
+    a refactor) stops the run with an error naming the file, and every checkpoint is kept: the one before
+    it was written by the same code, and starting from scratch would throw away its training."""
+    from study.pretrain.checkpoint import write_checkpoint
+    cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=10)
+    lay = layout("a")
+    ck = lay.run_dir(cfg.run_hash()) / "checkpoints"
+    with pytest.raises(Stop):
+        train_run(cfg, lay, quiet=True, on_eval=_stop_at(20))
+    obj = read_checkpoint(ck / "step-00000020.pt")
+    obj["model"] = {f"renamed.{k}": v for k, v in obj["model"].items()}
+    write_checkpoint(ck, 20, obj)
+    before = {p.name: p.read_bytes() for p in ck.glob("*.pt")}
+    with pytest.raises(StudyError, match="step-00000020.pt is intact but does not load"):
+        train_run(cfg, lay, quiet=True)
+    assert {p.name: p.read_bytes() for p in ck.glob("*.pt")} == before
+
+
 def _sigterm_at(monkeypatch, step: int) -> None:
     """SIGTERM to this process in the middle of `step` (after its backward passes, before its update: the
     fault suite's kill point); the trainer's handler only sets a flag, so the test process lives on."""

@@ -4,7 +4,10 @@ File format: MAGIC + sha256(payload) hex + "\\n" + payload, where payload is `to
 {"format", "run_hash", "step", "model", "optimizer", "scheduler", "state", "rng"}. Written atomically;
 on load the digest is verified (a file cut by a kill or flipped on disk is caught, not half-loaded),
 then `torch.load(weights_only=True)`. The newest KEEP_CHECKPOINTS files are kept: the newest may be
-damaged, the one before it is the fallback.
+damaged, the one before it is the fallback (a rejected file of a later step is removed by the next write).
+An intact file that does not load into the code (the model's or optimizer's keys or shapes, TrainState's
+fields) is an error naming it, not a fallback: the file before it was written by the same code, and a
+fresh start would throw away the training it holds.
 
 RNG state (torch's CPU generator, and the CUDA one of the run's device) is captured per rank, so a
 resumed run draws the same dropout masks as an uninterrupted one.
@@ -85,7 +88,11 @@ def write_checkpoint(d: Path, step: int, obj: dict) -> Path:
     digest = hashlib.sha256(payload).hexdigest().encode()
     path = checkpoint_path(d, step)
     atomic_write_bytes(path, CKPT_MAGIC + digest + b"\n" + payload)
-    for _, old in checkpoint_files(d)[KEEP_CHECKPOINTS:]:
+    # A file of a later step was rejected on resume (training goes on from the newest intact one): it must
+    # not count as one of the newest, or a run restarted from scratch would delete its own checkpoints.
+    later = [p for s, p in checkpoint_files(d) if s > step]
+    kept = [p for s, p in checkpoint_files(d) if s <= step]
+    for old in later + kept[KEEP_CHECKPOINTS:]:
         old.unlink(missing_ok=True)
     return path
 

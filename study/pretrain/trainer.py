@@ -294,12 +294,18 @@ class Trainer:
                 f.truncate(size)
         if ck is None:
             return
-        self.model.load_state_dict(ck["model"])
-        self.opt.load_state_dict(ck["optimizer"])
-        self.state = TrainState(**ck["state"])
+        name = f"step-{ck['step']:08d}.pt"
+        try:
+            self.state = TrainState(**ck["state"])
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(ck["optimizer"])
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:   # intact, but written by other code
+            raise StudyError(f"checkpoint {name} is intact but does not load into this code "
+                             f"({type(exc).__name__}: {str(exc)[:300]})", source=str(rd.ckpt_dir),
+                             allowed="the code that wrote it, or delete the folder to train from scratch") from exc
         if not set_rng_state(ck["rng"], self.dist.rank, self.device):
             self._report(f"checkpoint has no RNG state for rank {self.dist.rank}; dropout reseeded")
-        self._event({"event": "resume", "tokens": self.state.tokens, "from": f"step-{self.state.step:08d}.pt"})
+        self._event({"event": "resume", "tokens": self.state.tokens, "from": name})
 
     def _checkpoint(self) -> None:
         self._sync()  # a non-finite step is never saved

@@ -61,7 +61,11 @@ SELECTION_FILE = "params.yaml"
 # trial trains like a run: both kinds digest every `study.*` module the commands import (tests/test_sync.py).
 ROOT_CODE = [f"study/{m}.py" for m in ("__init__", "cli", "config", "errors", "faults", "io", "lazy", "metrics",
                                        "parallel", "paths", "provenance", "rundir", "runtime")]
-DATA_CODE = ["study/data", "study/config.py"]
+# A data stage's outputs are a function of its data config (named by the hash in the stage) and of the code
+# `study.data.prepare` runs: study/data and the root modules it imports (tests/test_sync.py checks the list).
+# The CLI and spec code only choose which config; a change there that changes the config changes the hash.
+DATA_CODE = ["study/data", *(f"study/{m}.py" for m in ("__init__", "config", "errors", "faults", "io", "lazy",
+                                                         "paths"))]
 CODE = {kind: ["study/data", "study/model", "study/pretrain", "study/downstream", "study/report", "study/studies",
                "study/search", *ROOT_CODE] for kind in ("study", "search")}
 # The stamps (`study sync --stamp`): small JSON files that git carries (cache: false outputs), so that every
