@@ -14,7 +14,9 @@ class Schedule:
     """LR factor as a function of budget progress p in [0, 1]: linear warmup, then linear/cosine/constant.
 
     Warmup uses the progress after the update (the first step gets a small, non-zero LR); decay
-    uses the progress before it.
+    uses the progress before it. A seconds budget estimates a step's progress by the step before it, so
+    there a run's very first step has LR 0 (nothing is known of its length yet): it only feeds AdamW's
+    moments, and it is the same in every run of the study.
     """
 
     def __init__(self, kind: str, warmup: float):
