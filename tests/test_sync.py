@@ -130,25 +130,33 @@ def _imported(root: str, skip: set[str]) -> set[str]:
     return seen
 
 
+def _files_loaded(modules: list[str], then: str = "") -> list[str]:
+    """The repo-relative files of every `study.*` module loaded in a fresh interpreter that imports
+    `modules` and runs `then`."""
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n{then}"
+            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+            "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [Path(f).resolve().relative_to(REPO).as_posix() for f in json.loads(proc.stdout.splitlines()[-1])]
+
+
+def _uncovered(files: list[str], paths: list[str]) -> list[str]:
+    return [f for f in files if not any(f == p or f.startswith(p + "/") for p in paths)]
+
+
 def test_code_stamps_cover_every_module_the_stage_commands_import():
     """code-study (code-search) must digest the code its stages run: every `study.*` module that the
     `study` commands import, found by importing them all in a fresh interpreter (study/cli.py and the
     search CLI with every import they name, lazy ones included; `study sync` itself, which only writes
     the stamp, excepted). study/studies (specs), study/cli.py and the root modules were missing."""
     modules = sorted(_imported("study.cli", {"study.studies.sync"}) | _imported("study.search.cli", set()))
-    code = ("import importlib, json, sys\n"
-            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "import study.cli\nstudy.cli.build_parser()\n"
-            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-            "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = [Path(f).resolve().relative_to(REPO).as_posix() for f in json.loads(proc.stdout.splitlines()[-1])]
+    files = _files_loaded(modules, then="import study.cli\nstudy.cli.build_parser()\n")
     assert "study/studies/spec.py" in files and "study/pretrain/trainer.py" in files  # it imported the stages
     for kind, paths in CODE.items():
-        uncovered = [f for f in files if f != "study/studies/sync.py"
-                     and not any(f == p or f.startswith(p + "/") for p in paths)]
+        uncovered = _uncovered([f for f in files if f != "study/studies/sync.py"], paths)
         assert not uncovered, f"code-{kind} does not digest {uncovered}"
 
 
@@ -156,15 +164,7 @@ def test_data_stages_digest_every_module_prepare_imports():
     """A data stage's outputs are made by `study.data.prepare` and what it imports (lazy imports included):
     an edit to any of those modules must rerun the stage. DATA_CODE was study/data and config.py only, so
     an edited io.py (the atomic writes, the hashes) left `dvc status` up to date."""
-    modules = sorted(_imported("study.data.prepare", set()))
-    code = ("import importlib, json, sys\n"
-            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-            "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    files = [Path(f).resolve().relative_to(REPO).as_posix() for f in json.loads(proc.stdout.splitlines()[-1])]
+    files = _files_loaded(sorted(_imported("study.data.prepare", set())))
     assert "study/data/masking.py" in files and "study/io.py" in files  # it followed the lazy imports
-    uncovered = [f for f in files if not any(f == p or f.startswith(p + "/") for p in DATA_CODE)]
+    uncovered = _uncovered(files, DATA_CODE)
     assert not uncovered, f"the data stages do not depend on {uncovered}"
