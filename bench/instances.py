@@ -38,11 +38,11 @@ FORMATS = [("doc_sentences", "none"), ("full_sentences", "none"), ("segment_pair
 def corpus(work: Path):
     """(split, special ids, continuation mask): tests/conftest.py's `real` fixture, built the same way."""
     from study.config import TokenizerConfig
-    from study.data.corpus import _read_text, strip_gutenberg
+    from study.data.corpus import read_utf8, strip_gutenberg
     from study.data.tokenizer import continuation_mask, special_ids, tokenize_docs, train_tokenizer
     docs = []
     for b in BOOKS:
-        body = strip_gutenberg(_read_text(GUTENBERG / b))
+        body = strip_gutenberg(read_utf8(GUTENBERG / b))
         paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
         for k in range(0, len(paras), 40):
             sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]

@@ -34,14 +34,14 @@ def real(tmp_path_factory):
     if not SHARED.exists():
         pytest.skip(f"real data not present at {SHARED} (see ../shared/data/PROVENANCE.md)")
     from study.config import TokenizerConfig
-    from study.data.corpus import _read_text, strip_gutenberg
+    from study.data.corpus import read_utf8, strip_gutenberg
     from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids, tokenize_docs, train_tokenizer
     from study.data.tokens import TokenizedSplit
     cache = tmp_path_factory.getbasetemp() / "realtext-1m"
     if not (cache / "split.npz").exists():
         docs = []
         for b in BOOKS:
-            body = strip_gutenberg(_read_text(SHARED / "gutenberg" / b))
+            body = strip_gutenberg(read_utf8(SHARED / "gutenberg" / b))
             paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
             for k in range(0, len(paras), 40):
                 sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]

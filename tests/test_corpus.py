@@ -9,7 +9,7 @@ import pytest
 
 from study.config import CorpusConfig, CorpusSource
 from study.data.corpus import (load_corpus, read_embedded, read_gutenberg, read_hf, read_text, read_wikitext,
-                          split_sentences, strip_gutenberg, _read_text)
+                          split_sentences, strip_gutenberg, read_utf8)
 from study.errors import StudyError
 
 LICENCE = re.compile(r"gutenberg|\*\*\*\s*(start|end) of|electronic works?|literary archive|"
@@ -139,7 +139,7 @@ def test_strip_gutenberg_all_books(shared_data):
     books = sorted((shared_data / "gutenberg").glob("*.txt"))
     assert len(books) == 44
     for f in books:
-        raw = _read_text(f)
+        raw = read_utf8(f)
         body = strip_gutenberg(raw)
         assert 0.8 * len(raw) < len(body) < len(raw), f.name  # something cut, most of the book kept
         m = LICENCE.search(body)
@@ -147,7 +147,7 @@ def test_strip_gutenberg_all_books(shared_data):
 
 
 def test_pg11_known_bug(shared_data):
-    body = strip_gutenberg(_read_text(shared_data / "gutenberg" / "pg11.txt"))
+    body = strip_gutenberg(read_utf8(shared_data / "gutenberg" / "pg11.txt"))
     assert "Project Gutenberg" not in body and "\ufeff" not in body and "\r" not in body
     assert body.strip().endswith("THE END")
     assert "Down the Rabbit-Hole" in body[:2000]
@@ -246,7 +246,7 @@ def test_hf_wikitext_rows_are_read_as_articles(tmp_path, hf_cache):
 
 def test_hf_wikitext_rows_real(tmp_path, shared_data, hf_cache):
     raw = shared_data / "wikitext-2-raw" / "wiki.valid.raw"
-    rows = _wikitext_rows(_read_text(raw))
+    rows = _wikitext_rows(read_utf8(raw))
     hf_cache.Dataset.from_dict({"text": rows}).save_to_disk(str(tmp_path / "wikitext-2"))
     docs = list(read_hf(CorpusSource.model_validate(f"hf:{tmp_path / 'wikitext-2'}")))
     assert len(docs) == 60 and docs == list(read_wikitext(str(raw)))  # 60 articles

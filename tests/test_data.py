@@ -217,9 +217,9 @@ NASTY = ["café naïve 😀 x\u00a0y Straße ﬁne", "中文字符 mixed 日本"
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lowercase):
     from study.config import TokenizerConfig
-    from study.data.corpus import _read_text, strip_gutenberg
+    from study.data.corpus import read_utf8, strip_gutenberg
     from study.data.tokenizer import encode_sentences, train_tokenizer
-    lines = [ln for ln in strip_gutenberg(_read_text(shared_data / "gutenberg" / "pg11.txt")).split("\n") if ln.strip()]
+    lines = [ln for ln in strip_gutenberg(read_utf8(shared_data / "gutenberg" / "pg11.txt")).split("\n") if ln.strip()]
     lines += (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").split("\n")[:3000]
     tok = train_tokenizer([lines[:2000]], TokenizerConfig(vocab_size=800, lowercase=lowercase), tmp_path / "tok")
     sents = lines + NASTY

@@ -73,7 +73,7 @@ def _files(path: str, patterns: tuple[str, ...], fieldname: str) -> list[Path]:
                      allowed=f"an existing file, or a folder containing {' / '.join(patterns)} files")
 
 
-def _read_text(path: Path, fieldname: str = "corpus.sources.path") -> str:
+def read_utf8(path: Path, fieldname: str = "corpus.sources.path") -> str:
     """Strict UTF-8 (BOM dropped), CRLF/CR normalized to LF."""
     data = path.read_bytes()
     try:
@@ -100,7 +100,7 @@ def read_text(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
 
     `where` names the source in errors (load_corpus passes `corpus.sources[i]`)."""
     for f in _files(path, PATTERNS["text"], f"{where}.path"):
-        for block in _blank_line_docs(_read_text(f, f"{where}.path")):
+        for block in _blank_line_docs(read_utf8(f, f"{where}.path")):
             sents = split_sentences(block)
             if sents:
                 yield sents
@@ -148,7 +148,7 @@ def _wikitext_docs(lines: list[str]) -> Iterator[Doc]:
 def read_wikitext(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
     """WikiText raw files, one document per article (`_wikitext_docs`), each file on its own."""
     for f in _files(path, PATTERNS["wikitext"], f"{where}.path"):
-        yield from _wikitext_docs(_read_text(f, f"{where}.path").split("\n"))
+        yield from _wikitext_docs(read_utf8(f, f"{where}.path").split("\n"))
 
 
 def _is_local_dataset(name: str) -> bool:
@@ -259,7 +259,7 @@ _CHAPTER = re.compile(r"^\s*(CHAPTER|Chapter|BOOK|Book|PART|Part)\s+([IVXLCDM]+|
 def strip_gutenberg(text: str) -> str:
     """The book text only: licence header and footer and producer/transcriber notes removed.
 
-    Expects text already BOM-free with LF line ends (`_read_text`); a file without the
+    Expects text already BOM-free with LF line ends (`read_utf8`); a file without the
     START marker is taken whole (minus notes), one without an END marker runs to the end.
     """
     m = _START.search(text)
@@ -296,7 +296,7 @@ def read_gutenberg(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
     before sentence splitting.
     """
     for f in _files(path, PATTERNS["gutenberg"], f"{where}.path"):
-        lines = strip_gutenberg(_read_text(f, f"{where}.path")).split("\n")
+        lines = strip_gutenberg(read_utf8(f, f"{where}.path")).split("\n")
         chapters: list[list[str]] = [[]]
         for i, line in enumerate(lines):
             if _is_heading(lines, i):
