@@ -141,8 +141,8 @@ def _must_exist(url: str) -> None:
             return
         path = Path(db) if db and db != ":memory:" else None
     if path is not None and not path.is_file():
-        raise StudyError(f"no search storage at {path}", field="--storage",
-                         allowed="the --storage URL a `study search` used")
+        raise StudyError(f"no search storage at {path}; run `study search` first", field="--storage",
+                         allowed="the --storage URL the search used, or the default after a `study search`")
 
 
 def check_fingerprint(ostudy, want: dict[str, str]) -> None:

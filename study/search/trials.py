@@ -91,11 +91,7 @@ def write_best(spec: str | Path, out: str | Path | None = None, *, storage: str 
     from study.provenance import provenance  # hardware imports torch: only once there is a best to write
     study, search = load_search(spec, profile=profile)
     out = Path(out) if out else Path(spec).parent / f"{study.name}-best.yaml"
-    default_db = layout.search_dir(study.name) / "study.db"
-    if storage is None and not default_db.is_file():   # opening it would create an empty storage
-        raise StudyError(f"no search storage at {default_db}; run `study search {spec}` first", field="--storage",
-                         allowed="the --storage URL the search used, or the default after a `study search`")
-    store = open_storage(storage, search, layout.search_dir(study.name), create=False)
+    store = open_storage(storage, search, layout.search_dir(study.name), create=False)  # none there: StudyError
     try:
         ostudy = optuna.load_study(study_name=study.name, storage=store)
     except KeyError:
