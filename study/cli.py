@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
+from study.errors import EXIT_CTRL_C, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
 from study.paths import Layout
 from study.rundir import RunDir
 
@@ -465,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Interrupted as exc:  # SIGTERM: the run checkpointed and stays pending; the next command resumes it
+    except Interrupted as exc:  # SIGTERM or Ctrl-C: runs checkpointed and stay pending; the next command resumes
         print(f"interrupted: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except KeyboardInterrupt:   # a second Ctrl-C, or one outside pre-training: every file written is whole
+        print("stopped at once (Ctrl-C): the same command resumes from the last checkpoint and the results "
+              "already written", file=sys.stderr)
+        return EXIT_CTRL_C

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 EXIT_USAGE = 2       # bad spec / bad input: nothing was computed or written
 EXIT_DIVERGED = 3    # a run hit a non-finite loss and was marked `diverged`
-EXIT_INTERRUPTED = 143  # 128 + SIGTERM: a run checkpointed and stopped on SIGTERM; it resumes (no status written)
+EXIT_CTRL_C = 130    # 128 + SIGINT: stopped at once by a second Ctrl-C (or one outside pre-training)
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: runs checkpointed and stopped on SIGTERM or Ctrl-C; they resume
 
 
 class StudyError(Exception):
@@ -39,14 +40,14 @@ class Diverged(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by SIGTERM after checkpointing `step`: resumable, no status written. A KeyboardInterrupt
-    (as Ctrl-C), so code that records failures with `except Exception` lets it through unrecorded."""
+    """A run stopped by SIGTERM or Ctrl-C after checkpointing `step`: resumable, no status written. A
+    KeyboardInterrupt, so code that records failures with `except Exception` lets it through unrecorded."""
 
     def __init__(self, step: int | None):
         self.step = step
-        super().__init__("interrupted by SIGTERM; every run in training checkpointed and none was left "
+        super().__init__("interrupted (SIGTERM or Ctrl-C); every run in training checkpointed and none was left "
                          "half-written: the same command resumes" if step is None else
-                         f"interrupted by SIGTERM at step {step}; checkpoint written, the run resumes from it")
+                         f"interrupted (SIGTERM or Ctrl-C) at step {step}; checkpoint written, the run resumes from it")
 
     def __reduce__(self):   # a --jobs worker sends it back to the parent pickled: keep the step
         return (type(self), (self.step,))

@@ -15,13 +15,15 @@ Processes are spawned, not forked: the parent may already hold OpenMP threads, a
 runtime can hang.
 
 Stopping (SIGTERM or Ctrl-C to the command, SIGTERM to one worker, or the parent killed): the whole
-command stops, and every run in flight checkpoints. A pool's workers would otherwise outlive a killed
+command stops, and every run in flight checkpoints (with jobs == 1 the run is in this process, and the
+trainer's own handlers do that for SIGTERM and Ctrl-C; nothing can for a kill). A pool's workers would otherwise outlive a killed
 parent (measured here: orphans trained on for minutes, halving the next command's speed), and a worker
 whose run was interrupted would take the next queued run. So:
 - the parent turns SIGTERM into `Interrupted`; on it, on Ctrl-C, or on any error it cancels the runs not
   started, sends SIGTERM to the workers (the trainer finishes its step, checkpoints and raises
   `Interrupted`; again each second until the worker exits, then SIGKILL after `stop_timeout`), waits for
-  them, and re-raises: the CLI exits 143 and the next command resumes;
+  them, and raises Interrupted (Ctrl-C's KeyboardInterrupt too): the CLI exits 143 and the next command
+  resumes;
 - a worker dies with its parent (Linux: PR_SET_PDEATHSIG delivers SIGTERM, so it checkpoints too),
   ignores SIGINT (Ctrl-C reaches the whole process group; the parent decides), and once a run of its own
   was interrupted it starts no other.
@@ -104,6 +106,8 @@ def run_all(fn: Callable[..., T], items: Iterable[tuple[Any, tuple]], jobs: int,
         _stop([p for p in multiprocessing.active_children() if p not in before], stop_timeout)
         if isinstance(exc, BrokenProcessPool) and signalled:   # a worker killed outside a run's training
             raise Interrupted(None) from None
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
+            raise Interrupted(None) from None   # Ctrl-C: every run in flight was stopped as by SIGTERM
         raise
     else:
         pool.shutdown(wait=True)

@@ -265,7 +265,8 @@ def test_workers_checkpoint_and_exit_when_the_command_is_killed(tmp_path: Path):
 @pytest.mark.slow
 def test_ctrl_c_to_the_process_group_checkpoints_every_run_in_flight(tmp_path: Path):
     """Ctrl-C reaches the whole foreground process group: the workers ignore it, the command stops them
-    (SIGTERM: each run in flight checkpoints), no queued run starts, and nothing outlives the command.
+    (SIGTERM: each run in flight checkpoints) and raises Interrupted as on SIGTERM (exit 143), no queued
+    run starts, and nothing outlives the command.
     Run in a session of its own, so the SIGINT reaches no process of the test runner."""
     import subprocess
     import sys
@@ -282,14 +283,15 @@ def test_ctrl_c_to_the_process_group_checkpoints_every_run_in_flight(tmp_path: P
               "threading.Thread(target=ctrl_c, daemon=True).start()\n"
               "try:\n"
               "    list(run_all(_trainer_like, _items(folder), jobs=2, stop_timeout=60))\n"
-              "except KeyboardInterrupt:\n"
+              "except KeyboardInterrupt as exc:\n"
               "    import multiprocessing\n"
-              "    sys.exit(130 if not multiprocessing.active_children() else 1)\n"
+              "    from study.errors import Interrupted\n"
+              "    sys.exit(1 if multiprocessing.active_children() else 143 if isinstance(exc, Interrupted) else 130)\n"
               "sys.exit(2)\n"
               % (str(Path(__file__).parent), str(Path(__file__).parents[1]), str(tmp_path)))
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
-        assert proc.wait(120) == 130   # KeyboardInterrupt re-raised, and no worker left behind
+        assert proc.wait(120) == 143   # Interrupted (every run checkpointed: the CLI's 143), no worker left
         assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]
         assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-1"]
     finally:

@@ -412,17 +412,51 @@ def test_an_intact_checkpoint_that_does_not_load_is_an_error_and_kept(corpus, la
     assert {p.name: p.read_bytes() for p in ck.glob("*.pt")} == before
 
 
-def _sigterm_at(monkeypatch, step: int) -> None:
-    """SIGTERM to this process in the middle of `step` (after its backward passes, before its update: the
-    fault suite's kill point); the trainer's handler only sets a flag, so the test process lives on."""
+def _sigterm_at(monkeypatch, step: int, sig: int = signal.SIGTERM, times: int = 1) -> None:
+    """SIGTERM (or `sig`, `times` times) to this process in the middle of `step` (after its backward passes,
+    before its update: the fault suite's kill point); the trainer's handler only sets a flag, so the test
+    process lives on."""
     from study import faults
     real_point = faults.point
 
     def point(name, detail=""):
         if name == "train.step" and detail.endswith(f" step {step}"):
-            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(times):
+                os.kill(os.getpid(), sig)
         real_point(name, detail)
     monkeypatch.setattr(faults, "point", point)
+
+
+def test_ctrl_c_in_the_commands_process_checkpoints_and_twice_stops_at_once(corpus, layout, monkeypatch):
+    """With --jobs 1 a run trains in the command's own process, where only SIGTERM was handled: Ctrl-C
+    was a bare KeyboardInterrupt, with no checkpoint (the docs promised one) and a traceback. Now Ctrl-C
+    finishes the step and checkpoints as SIGTERM does (Interrupted, exit 143); a second one stops at once
+    (KeyboardInterrupt, exit 130); Python's own handler is back after either."""
+    from study import cli
+    cfg = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    lay = layout("a")
+    ck = lay.run_dir(cfg.run_hash()) / "checkpoints"
+    # a background job (CI under nohup ... &) starts with SIGINT ignored: Python's own handler, as at a terminal
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _sigterm_at(monkeypatch, 8, signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt) as err:   # not Interrupted: a bare Ctrl-C, not the session's end
+            train_run(cfg, lay, quiet=True)
+        assert isinstance(err.value, Interrupted) and err.value.step == 8 and [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        _sigterm_at(monkeypatch, 11, signal.SIGINT, times=2)
+        with pytest.raises(KeyboardInterrupt) as err:
+            train_run(cfg, lay, quiet=True)
+        assert not isinstance(err.value, Interrupted)
+        assert [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]   # none for the stop at once
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, old)
+    for exc, code in ((Interrupted(8), 143), (KeyboardInterrupt(), 130)):
+        def raising(args, exc=exc):
+            raise exc
+        monkeypatch.setattr(cli, "cmd_pretrain", raising)
+        assert cli.main(["pretrain", "ablations/smoke.yaml"]) == code
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(corpus, layout, tmp_path, monkeypatch):

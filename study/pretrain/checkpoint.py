@@ -27,6 +27,7 @@ import hashlib
 import io
 import re
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -191,16 +192,29 @@ class CheckpointClock:
 
     @contextlib.contextmanager
     def sigterm(self) -> Iterator[None]:
-        """SIGTERM sets stop_requested for the block (the previous handler is restored after). Only in the
-        main thread, the one Python delivers signals to; elsewhere SIGTERM keeps its handler."""
+        """SIGTERM sets stop_requested for the block, and so does Ctrl-C where Python's own SIGINT handler
+        is in place (a run in the command's process; a --jobs worker ignores SIGINT, its parent decides);
+        a second Ctrl-C stops at once, without a checkpoint. The previous handlers are restored after. Only
+        in the main thread, the one Python delivers signals to; elsewhere the handlers stay as they are."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         old = signal.signal(signal.SIGTERM, self._on_sigterm)
+        old_int = signal.getsignal(signal.SIGINT)
+        if old_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._on_sigint)
         try:
             yield
         finally:
             signal.signal(signal.SIGTERM, old)
+            if old_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, old_int)
 
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        print("\nCtrl-C: the step finishes and the run checkpoints (Ctrl-C again stops at once)", file=sys.stderr)

@@ -36,7 +36,7 @@ What it guarantees (each one tested in tests/test_train.py):
   start, resume, rejected checkpoint, divergence; never truncated) so history.jsonl of a resumed run
   equals an uninterrupted run's.
 - Driver: `python -m study.pretrain CONFIG.json --results DIR` (also under torchrun; `python -m
-  study.pretrain.trainer` too); exit 2 / 3 as the CLI, 143 when interrupted by SIGTERM.
+  study.pretrain.trainer` too); exit 2 / 3 as the CLI, 143 when interrupted by SIGTERM or Ctrl-C.
 """
 from __future__ import annotations
 

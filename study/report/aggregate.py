@@ -236,6 +236,19 @@ COMPARE_COLS = ["task", "mode", "metric", "a", "b", "mean_a", "mean_b", "diff", 
                 "mde", "test", "interpretation"]
 
 
+def canon(v: Any) -> str:
+    """A level as text that survives a float64 column and the YAML -> JSON -> CSV round trip (2 == 2.0 ==
+    '2'): figures.canon's rule (this module does not import matplotlib), numpy's bool included."""
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return "None"
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
+    try:
+        return repr(float(v))
+    except (TypeError, ValueError):
+        return str(v)
+
+
 def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others: list[str] = ()) -> pd.DataFrame:
     """Paired difference b - a per task/mode/metric, paired by pre-training seed.
 
@@ -245,50 +258,59 @@ def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others
     row's own alpha (ALPHA for the primary and cost rows, the Holm level for the others) detects with
     80% power at this n, from this row's SD of the differences; NaN for a row without a test.
     `n_a`, `n_b`: the seeds each level has; `n` the seeds both have (the pairs), and the words say
-    "(paired on k of m seeds)" when pairing dropped some.
+    "(paired on k of m seeds)" when pairing dropped some (a row with no pair is kept, n = 0, and says so).
 
     `others`: the study's other factors. Only the cells (their value combinations) that both levels have
     are compared: in a one-at-a-time design the runs at a's default level include those that vary
     another factor, which b has no counterpart of, so averaging them in would confound the comparison.
-    Where several cells are shared (a grid), the difference is averaged over them within each seed
-    and the words say so."""
+    Where several cells are shared (a grid), fine-tune seeds are averaged within each cell and seed, only
+    the seeds that have every shared cell at both levels are paired, each cell weighs the same within a
+    seed, and the words say so."""
     fac = spec["factor"]
     if fac not in tidy.columns:
         raise StudyError(f"factor {fac!r} is not a factor of any run", field="compare.factor",
                          allowed=", ".join(c for c in tidy.columns if "." in c) or "none")
     t = tidy[tidy["init"] == "pretrained"]
     others = [k for k in others if k != fac and k in t.columns]
-    averaged = ""
-    if others and not t.empty:
-        cell = t[others].astype(str).apply(tuple, axis=1)
-        shared = set(cell[t[fac].astype(str) == str(spec["a"])]) & set(cell[t[fac].astype(str) == str(spec["b"])])
-        t = t[cell.isin(shared)]
-        if len(shared) > 1:
-            averaged = f" ({AVERAGED_NOTE} {', '.join(others)} within each seed)"
-    per = _per_seed(t, ["task", "mode", "metric", fac])
+    if t.empty:
+        return pd.DataFrame(columns=COMPARE_COLS)
+    # Levels and cells as canon text: a float64 column (a run without the factor, levels 0.5 and 1) reads 4 as 4.0
+    side = t[fac].map(canon).map({canon(spec["a"]): "a", canon(spec["b"]): "b"})
+    cell = t[others].map(canon).agg("|".join, axis=1) if others else pd.Series("", index=t.index)
+    t = t.assign(_side=side, _cell=cell)
+    t = t[t["_side"].notna() & np.isfinite(t["value"].to_numpy(dtype=float))]
+    # Fine-tune seeds averaged within each (cell, pre-training seed) first, so that every cell weighs the same
+    per = t.groupby(["task", "mode", "metric", "_side", "_cell", "pretrain_seed"])["value"].mean().reset_index()
     pairs = []
     for (task, mode, metric), g in per.groupby(["task", "mode", "metric"]):
-        a = g[g[fac].astype(str) == str(spec["a"])].set_index("pretrain_seed")["value"]
-        b = g[g[fac].astype(str) == str(spec["b"])].set_index("pretrain_seed")["value"]
-        a, b = a[np.isfinite(a.to_numpy(dtype=float))], b[np.isfinite(b.to_numpy(dtype=float))]
-        seeds = sorted(set(a.index) & set(b.index))
-        if seeds:
-            pairs.append(((task, mode, metric), a[seeds].to_numpy(), b[seeds].to_numpy(), len(a), len(b),
-                          len(set(a.index) | set(b.index))))
+        shared = sorted(set(g.loc[g["_side"] == "a", "_cell"]) & set(g.loc[g["_side"] == "b", "_cell"]))
+        if not shared:
+            continue
+        seeds = pd.Index(sorted(set(g["pretrain_seed"])))
+        wa, wb = (g[g["_side"] == x].pivot(index="pretrain_seed", columns="_cell", values="value")
+                  .reindex(index=seeds, columns=shared) for x in ("a", "b"))
+        has_a, has_b = wa.notna().any(axis=1), wb.notna().any(axis=1)
+        # Only seeds with every shared cell at both levels: a seed missing one would compare other cells
+        full = wa.notna().all(axis=1) & wb.notna().all(axis=1)
+        a, b = wa[full].mean(axis=1).to_numpy(), wb[full].mean(axis=1).to_numpy()
+        averaged = f" ({AVERAGED_NOTE} {', '.join(others)} within each seed)" if len(shared) > 1 else ""
+        pairs.append(((task, mode, metric), a, b, int(has_a.sum()), int(has_b.sum()), int((has_a | has_b).sum()),
+                      averaged))
     if not pairs:
         return pd.DataFrame(columns=COMPARE_COLS)
     first = [S.paired_interval(p[2], p[1]) for p in pairs]
     fam = holm_family([p[0] for p in pairs], [iv.p for iv in first], primary, [iv.n for iv in first])
     rows = []
-    for ((task, mode, metric), a, b, n_a, n_b, n_any), iv0, h in zip(pairs, first, fam):
+    for ((task, mode, metric), a, b, n_a, n_b, n_any, averaged), iv0, h in zip(pairs, first, fam):
         iv = S.paired_interval(b, a, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         words = interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]),
                           method=iv.method)
-        if iv.n < n_any:  # seeds that only one level has cannot be paired: say so, never drop them silently
+        if iv.n < n_any:  # seeds without a counterpart cannot be paired: say so, never drop them silently
             words += f" ({PAIRED_NOTE} {iv.n} of {n_any} seeds)"
         words += averaged
         rows.append({"task": task, "mode": mode, "metric": metric, "a": spec["a"], "b": spec["b"],
-                     "mean_a": a.mean(), "mean_b": b.mean(), "diff": iv.estimate, "sd_diff": iv.sd,
+                     "mean_a": a.mean() if a.size else math.nan, "mean_b": b.mean() if b.size else math.nan,
+                     "diff": iv.estimate, "sd_diff": iv.sd,
                      "ci_low": iv.low, "ci_high": iv.high, "ci_level": iv.level, "ci_method": iv.method,
                      "n": iv.n, "n_a": n_a, "n_b": n_b, "p_value": iv0.p, "p_adjusted": h["p_adjusted"],
                      "correction": h["correction"], "primary": h["primary"],
