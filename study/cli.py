@@ -246,7 +246,7 @@ def cmd_finetune(args) -> int:
                 continue
             items.append((f"finetune {run.run_hash} {run.label} seed{run.seed}",
                           ("run", run.config, layout, args.quiet)))
-        if not args.run:  # a whole study: its baselines too (dvc.yaml runs them as their own stages)
+        if not args.run:  # a whole study: its random-init baselines too
             seen = set()
             for run in study.runs:
                 if run.config.finetune.baseline and run.config.baseline_key() not in seen:

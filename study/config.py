@@ -4,8 +4,9 @@ This is the only place defaults live. Library code receives these objects and
 reads attributes; it never does ``cfg.get(key, default)``.
 
 Sections are split the way cramming splits them:
-- *semantic* sections (corpus, tokenizer, objective, masking, model, train,
-  finetune) change what is measured, so they enter the run hash;
+- *semantic* sections (corpus, tokenizer, objective, masking, model, train)
+  change what is measured, so they enter the run hash; `finetune` is semantic
+  for the fine-tuning results only (`finetune_hash()`), not for pre-training;
 - `impl` holds speed-only settings (device, precision, sparse head, attention
   kernel, threads, logging). Each of them is proven loss-neutral by a test, so it
   is excluded from the hash: the same run trained on a laptop or a GPU is the same

@@ -260,7 +260,7 @@ def test_gpu_pooling_check_fine_tunes_the_runs_the_learn_check_trains(tmp_path, 
 
 
 def test_generated_run_list_is_in_sync():
-    """dvc.yaml iterates study_runs.yaml: it must match the specs (run `study sync`)."""
+    """study_runs.yaml and dvc.yaml are generated from the specs: they must match them (run `study sync`)."""
     assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), "study_runs.yaml is stale: run `study sync`"
 
 

@@ -54,7 +54,7 @@ class Curve:
 
 def curves_dir(layout: Layout) -> Path:
     """results/curves/: beside runs/, keyed by run hash like it; not inside the run folder, whose files
-    RunDir owns and DVC tracks as one output."""
+    RunDir owns and the study stage's stamp digests."""
     return layout.root / "curves"
 
 
