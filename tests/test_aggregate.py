@@ -319,3 +319,88 @@ def test_compare_in_a_one_at_a_time_design_uses_only_the_matching_cells():
     grid = tidy([(0.15, 2, 0.70), (0.3, 2, 0.72), (0.15, 4, 0.90), (0.3, 4, 0.96)])
     row = compare(grid, spec, others=["f", "g"]).iloc[0]
     assert row["diff"] == pytest.approx(0.04) and row["interpretation"].endswith("(averaged over g within each seed)")
+
+
+def _grid(cells: list[tuple], fac: str = "f", other: str = "g") -> pd.DataFrame:
+    """Pre-trained tidy rows from (level, other factor's value, pre-training seed, fine-tune scores)."""
+    return pd.DataFrame([{"task": "SST-2", "mode": "finetune", "metric": "accuracy", "init": "pretrained",
+                          "pretrain_seed": s, "finetune_seed": i, fac: lv, other: g, "value": v}
+                         for lv, g, s, vals in cells for i, v in enumerate(vals)])
+
+
+GRID = {"factor": "f", "a": 0.15, "b": 0.4}
+
+
+def test_a_grid_pairs_only_the_seeds_that_have_every_shared_cell():
+    """b is +0.5 pp in every cell and seed; cell g=4 is +10 pp. Seed 3 lost its b run at g=4: its b mean
+    covered only g=2 while its a mean covered both, a -4.5 pp difference that made the average -0.7 pp.
+    Now seed 3 is left out of the pairs, and the words say so."""
+    cells = []
+    for s in range(4):
+        for g, off in ((2, 0.0), (4, 0.10)):
+            cells.append((0.15, g, s, [0.70 + off + 0.01 * s + 0.001 * s * s]))
+            if not (s == 3 and g == 4):
+                cells.append((0.4, g, s, [0.705 + off + 0.01 * s + 0.001 * s * s]))
+    r = compare(_grid(cells), GRID, others=["g"]).iloc[0]
+    assert r["diff"] == pytest.approx(0.005) and (r["n"], r["n_a"], r["n_b"]) == (3, 4, 4)
+    assert r["interpretation"].endswith("(paired on 3 of 4 seeds) (averaged over g within each seed)")
+
+
+def test_a_grid_weighs_each_cell_the_same_whatever_its_fine_tune_seed_count():
+    """Cell g=4 (+20 pp) kept 1 of its 3 fine-tune seeds at b for seed 0: averaging rows weighted g=2 three
+    to one there (-10 pp). Fine-tune seeds are averaged within each cell first: the difference is 0."""
+    noise = {0: 0.004, 1: -0.007, 2: 0.012}
+    cells = [(lv, g, s, [v + noise[s]] * (1 if (lv == 0.4 and g == 4 and s == 0) else 3))
+             for lv in (0.15, 0.4) for g, v in ((2, 0.70), (4, 0.90)) for s in range(3)]
+    r = compare(_grid(cells), GRID, others=["g"]).iloc[0]
+    assert r["diff"] == pytest.approx(0.0, abs=1e-12) and r["n"] == 3
+
+
+def test_levels_match_when_the_factor_column_is_float():
+    """A factor column turns float64 when a run lacks the factor (one-at-a-time: the base run sets
+    neither) or its levels mix int and float (0.5 and 1): 4 then reads 4.0, 1 reads 1.0, and matching
+    by str() lost the comparison without a word."""
+    rng = np.random.default_rng(1)
+    rows = [{"task": "SST-2", "mode": "finetune", "metric": "accuracy", "init": "pretrained", "pretrain_seed": s,
+             "finetune_seed": 0, "value": 0.7 + 0.02 * rng.standard_normal(), **{k: f.get(k) for k in ("r", "L")}}
+            for f in ({}, {"L": 4}, {"L": 6}, {"r": 0.4}) for s in range(3)]
+    t = pd.DataFrame(rows)
+    assert t["L"].dtype == float
+    r = compare(t, {"factor": "L", "a": 4, "b": 6}, others=["r", "L"])
+    assert len(r) == 1 and r.iloc[0]["n"] == 3
+    mixed = _grid([(lv, 2, s, [0.7 + 0.05 * (lv == 1) + 0.01 * s * s]) for lv in (0.5, 1) for s in range(3)])
+    assert mixed["f"].dtype == float
+    r = compare(mixed, {"factor": "f", "a": 1, "b": 0.5}).iloc[0]
+    assert r["diff"] == pytest.approx(-0.05) and r["n"] == 3
+
+
+def test_a_pair_without_a_shared_seed_is_kept_and_the_answer_says_so():
+    """Seeds 0, 1 ran at a and seed 2 at b: no pair. The row used to vanish and the answer fell back to
+    the best level as if no comparison had been asked for; it is kept with n = 0 and the note."""
+    from pathlib import Path
+    from study.report.render import StudyFiles, answer_sentence
+    t = _tidy({"accuracy": {"nsp": {0: 0.70, 1: 0.71}, "none": {2: 0.75}}})
+    c = compare(t, SPEC, ("SST-2", "finetune", "accuracy"))
+    r = c.iloc[0]
+    assert len(c) == 1 and (r["n"], r["n_a"], r["n_b"]) == (0, 2, 1) and np.isnan(r["diff"])
+    assert r["interpretation"] == f"n=0: {TOO_FEW_WORDS} (paired on 0 of 3 seeds)" and bool(r["primary"])
+    plan = {"name": "t", "runs": [], "primary_metric": "SST-2/finetune/accuracy", "compare": SPEC}
+    sf = StudyFiles(Path("."), {"plan": plan, "answer": r.to_dict()}, summarize(t, [SPEC["factor"]]), c,
+                    pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), factor_keys=[SPEC["factor"]])
+    text = answer_sentence(sf)["text"]
+    assert text.startswith("none minus nsp") and "(paired on 0 of 3 seeds)" in text and "best" not in text
+
+
+def test_an_exact_zero_difference_has_no_mde():
+    """Every seed scored the same at both levels: the difference is exactly 0 with p = 1, but an SD of 0
+    bounds no hidden effect, so the row has no MDE and the methods do not claim "differences of >= 0.0 pp"."""
+    from pathlib import Path
+    from study.report.aggregate import statistics_note
+    from study.report.render import StudyFiles, methods_sentence
+    same = {0: 0.509, 1: 0.509, 2: 0.509}
+    c = compare(_tidy({"accuracy": {"nsp": same, "none": same}}), SPEC, ("SST-2", "finetune", "accuracy"))
+    r = c.iloc[0]
+    assert (r["diff"], r["ci_low"], r["ci_high"], r["p_value"]) == (0, 0, 0, 1) and np.isnan(r["mde"])
+    sf = StudyFiles(Path("."), {"plan": {"name": "t"}, "statistics": statistics_note(c)}, *[pd.DataFrame()] * 5)
+    text = methods_sentence(sf)
+    assert "could detect" not in text and "no minimum detectable effect" in text

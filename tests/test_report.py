@@ -703,3 +703,92 @@ def test_a_diverged_fine_tune_seed_is_listed_and_left_out(tmp_path):
     assert list(mine["finetune_seed"]) == [0]
     html = render_report(study_dir, tmp_path / "report").read_text(encoding="utf-8")
     assert "Fine-tuning seeds whose loss turned non-finite" in html and "non-finite loss nan at step 7" in html
+
+
+def test_a_null_answer_with_a_pairing_note_keeps_its_mde():
+    """A verdict followed by a note ("(paired on 3 of 4 seeds)") is still a null: it keeps its MDE clause."""
+    text = _answer_of("indistinguishable from noise at n=3 seeds (paired on 3 of 4 seeds)", [(0.08, 0.03)])
+    assert "n=3 seeds: indistinguishable from noise (paired on 3 of 4 seeds); it could detect only " \
+           "differences of ≥ 5.9 pp" in text
+
+
+MR = "masking.rate"
+
+
+def _masking_study(values: dict, learned=lambda lv, s: True, with_compare: bool = True) -> StudyFiles:
+    """A masking-rate study (Wettig et al.'s table) from MNLI accuracies {level: {seed: [fine-tune scores]}},
+    aggregated by the real compare/summarize; `learned(level, seed)` is each run's plateau flag."""
+    from study.report.aggregate import compare, summarize
+    rows = [{"run_hash": f"{lv}-{s}", "source_key": f"{lv}-{s}", "label": f"{MR}={lv}", "status": "done",
+             "pretrain_seed": s, "finetune_seed": i, "task": "MNLI", "mode": "finetune", "init": "pretrained",
+             "metric": "accuracy", "value": v, MR: lv}
+            for lv, per in values.items() for s, vals in per.items() for i, v in enumerate(vals)]
+    tidy = pd.DataFrame(rows)
+    spec = {"factor": MR, "a": 0.15, "b": 0.4}
+    c = compare(tidy, spec, ("MNLI", "finetune", "accuracy")) if with_compare else pd.DataFrame()
+    pairs = [(lv, s) for lv, per in values.items() for s in per]
+    plan = {"name": "m", "kind": "mask_rate", "primary_metric": "MNLI/finetune/accuracy",
+            "compare": spec if with_compare else None,
+            "runs": [{"run_hash": f"{lv}-{s}", "label": f"{MR}={lv}", "seed": s, "factors": {MR: lv}}
+                     for lv, s in pairs]}
+    runs = pd.DataFrame([{"run_hash": f"{lv}-{s}", "label": f"{MR}={lv}", "seed": s, "status": "done",
+                          "learned": learned(lv, s)} for lv, s in pairs])
+    return StudyFiles(Path("."), {"plan": plan, "answer": c.iloc[0].to_dict() if len(c) else None},
+                      summarize(tidy, [MR]), c, pd.DataFrame(), runs, pd.DataFrame(), factor_keys=[MR])
+
+
+def _paper_verdicts(sf: StudyFiles) -> list[str]:
+    from study.report.papers import reference_sections
+    return [r["verdict"] for sec in reference_sections(sf) for r in sec["rows"]]
+
+
+def test_papers_verdicts_keep_the_answers_plateau_guard():
+    """Every 15% run is on the plateau: the answer claims no direction, and neither may the papers row
+    (it said "agrees" with Wettig et al. from the same runs)."""
+    vals = {0.15: {s: [0.60 + 0.004 * s * s] for s in range(3)}, 0.4: {s: [0.66 + 0.003 * s] for s in range(3)}}
+    sf = _masking_study(vals, learned=lambda lv, s: lv != 0.15)
+    assert answer_sentence(sf)["kind"] == "plateau"
+    assert set(_paper_verdicts(sf)) == {"not trained past the plateau"}
+    assert "agrees" in _paper_verdicts(_masking_study(vals))   # every run learned: the direction is given
+
+
+def test_the_same_difference_in_every_seed_reads_as_no_test_beside_the_papers():
+    """A paired difference that is the same in every seed has no test: the papers row said "no CI (too few
+    seeds)" at n=3; it now says why."""
+    vals = {0.15: {s: [v] for s, v in enumerate((0.60, 0.64, 0.61))},
+            0.4: {s: [v + 2 / 87] for s, v in enumerate((0.60, 0.64, 0.61))}}
+    sf = _masking_study(vals)
+    assert sf.comparisons.iloc[0]["ci_method"] == "none (the same difference in every seed)"
+    assert "same direction, but no test: the same difference in every seed" in _paper_verdicts(sf)
+
+
+def test_an_interval_of_no_width_is_no_test_beside_the_papers_or_between_levels():
+    """Every seed at the majority class (0.509) at 15% and one dev example more (0.5095) at 40%: intervals
+    of no width. Set side by side they looked "clear" of each other and gave a direction the paired rule
+    refuses; now neither the papers row nor the best-level answer calls them apart."""
+    vals = {0.15: {s: [0.5090, 0.5090] for s in range(3)}, 0.4: {s: [0.5095, 0.5095] for s in range(3)}}
+    rows = R.paper_vs_ours(R.load_reference("wettig_masking"), [{MR: 0.15}, {MR: 0.4}],
+                           {(i, "MNLI", "finetune", "accuracy"): {"mean": m, "ci_low": m, "ci_high": m}
+                            for i, m in enumerate((0.5090, 0.5095))})["rows"]
+    assert {r["verdict"] for r in rows} == {"same direction, but no test: every seed at a level scored the same"}
+    assert set(_paper_verdicts(_masking_study(vals, with_compare=False))) == \
+        {"same direction, but no test: every seed at a level scored the same"}
+    best = answer_sentence(_masking_study(vals, with_compare=False))["text"]
+    assert "clear of" not in best and "every seed at it scored the same" in best
+    vals[0.4] = {s: [0.60 + 0.01 * s] for s in range(3)}   # best level with spread, the other without
+    best = answer_sentence(_masking_study(vals, with_compare=False))["text"]
+    assert "clear of" not in best and "every seed of 0.15 scored the same" in best
+
+
+def test_runs_at_a_level_are_found_when_the_level_reads_as_a_float():
+    """The answer's plateau guard and left-out clause find a plan's runs at 4 when the level comes back as
+    4.0 (a float64 column), as the comparison itself does."""
+    from study.report.render import left_out, plateau_runs
+    plan = {"name": "d", "runs": [{"run_hash": f"h{s}", "label": "model.layers=4", "seed": s,
+                                   "factors": {"model.layers": 4}} for s in range(3)]}
+    runs = pd.DataFrame([{"run_hash": "h0", "label": "model.layers=4", "seed": 0, "status": "done", "learned": False},
+                         {"run_hash": "h1", "label": "model.layers=4", "seed": 1, "status": "failed", "learned": None},
+                         {"run_hash": "h2", "label": "model.layers=4", "seed": 2, "status": "done", "learned": True}])
+    sf = StudyFiles(Path("."), {"plan": plan}, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), runs, pd.DataFrame())
+    assert plateau_runs(sf, "model.layers", (4.0,)) == ["model.layers=4 seed 0"]
+    assert left_out(sf, "model.layers", (4.0,)) == " (left out: 1 of 3 runs at 4.0: seed 1 failed)"

@@ -127,7 +127,18 @@ def test_mde_has_80_percent_power_by_noncentral_t_and_by_simulation():
         d = rng.normal(e, 0.02, size=(40_000, n))
         rate = (S.t_rows(d)[3] < S.ALPHA).mean()
         assert rate == pytest.approx(0.80, abs=0.01), (n, rate)
-    assert S.mde(1.0, 3) == pytest.approx(3.264, abs=1e-3) and S.mde(0.0, 5) == 0.0
+    assert S.mde(1.0, 3) == pytest.approx(3.264, abs=1e-3)
+
+
+def test_no_mde_when_the_paired_differences_do_not_vary():
+    """An SD of 0 (the same difference, often 0, in every seed) measures no noise: "could detect
+    differences of >= 0.0 pp" was a claim about nothing, so there is no MDE."""
+    assert np.isnan(S.mde(0.0, 5)) and np.isnan(S.mde(0.0, 3, alpha=0.0125))
+
+
+def test_zero_width_is_an_interval_of_no_width_up_to_float_leftovers():
+    assert S.zero_width(0.509, 0.509) and S.zero_width(0.1, 0.1 + 1e-17)
+    assert not S.zero_width(0.50, 0.51) and not S.zero_width(float("nan"), float("nan"))
 
 
 def test_seeds_needed_inverts_the_mde():

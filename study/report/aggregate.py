@@ -238,7 +238,7 @@ COMPARE_COLS = ["task", "mode", "metric", "a", "b", "mean_a", "mean_b", "diff", 
 
 def canon(v: Any) -> str:
     """A level as text that survives a float64 column and the YAML -> JSON -> CSV round trip (2 == 2.0 ==
-    '2'): figures.canon's rule (this module does not import matplotlib), numpy's bool included."""
+    '2'), numpy's bool included: the one rule every level match uses (figures, papers, render)."""
     if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
         return "None"
     if isinstance(v, (bool, np.bool_)):
@@ -247,6 +247,16 @@ def canon(v: Any) -> str:
         return repr(float(v))
     except (TypeError, ValueError):
         return str(v)
+
+
+def plateau_hashes(runs: pd.DataFrame) -> set[str]:
+    """Run hashes of the finished runs that did not learn past always predicting the most frequent token
+    (`learned` False in runs.csv, read back as a bool or a string): the report's floor guard, for the
+    answer (render.plateau_runs) and beside the papers alike."""
+    if runs.empty or not {"learned", "status", "run_hash"} <= set(runs.columns):
+        return set()
+    flat = (runs["status"].astype(str) == "done") & (runs["learned"].astype(str) == "False")
+    return set(runs.loc[flat, "run_hash"].astype(str))
 
 
 def compare(tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others: list[str] = ()) -> pd.DataFrame:

@@ -26,6 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from study.metrics import COST_METRICS, parse_metric  # noqa: E402
+from study.report.aggregate import canon  # noqa: E402,F401 - one rule for levels; papers and render use F.canon
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
@@ -57,18 +58,6 @@ class FigureFile:
 # --------------------------------------------------------------------------- helpers
 def metric_label(task: str, mode: str, metric: str) -> str:
     return metric if task == "pretrain" else f"{task} {mode} {metric}"
-
-
-def canon(v) -> str:
-    """A level value as text that survives the YAML -> JSON -> CSV round trip (2 == 2.0 == '2')."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "None"
-    if isinstance(v, bool):
-        return str(v)
-    try:
-        return repr(float(v))
-    except (TypeError, ValueError):
-        return str(v)
 
 
 def run_labels(plan: dict, keys: list[str]) -> dict[tuple, str] | None:

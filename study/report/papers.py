@@ -14,7 +14,8 @@ import pandas as pd
 
 from study.report import figures as F
 from study.report import references as R
-from study.report.aggregate import NOISE_WORDS
+from study.report import stats as S
+from study.report.aggregate import NOISE_WORDS, SAME_WORDS, plateau_hashes
 from study.report.fmt import finite, fmt_ci, fmt_diff, human
 
 
@@ -62,9 +63,13 @@ def _ours_by_level(sf, levels: list[dict], s: pd.DataFrame) -> dict:
     if cmp and i is not None and j is not None and not sf.comparisons.empty:
         pairs = [(i, j)]
         for r in sf.comparisons.itertuples(index=False):
+            if not finite(r.diff):  # no seed at both levels (n = 0): the per-level CIs judge it instead
+                continue
             noise = None if not (finite(r.ci_low) and finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
+            same = getattr(r, "ci_method", "") == S.SAME_DIFF or SAME_WORDS in str(r.interpretation)
             ours[("diff", i, j, r.task, r.mode, r.metric)] = {
                 "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
+                "why": "no test: the same difference in every seed" if same else None,
                 "ci_level": getattr(r, "ci_level", None),  # absent from an aggregate older than stats.py
                 "basis": "paired by seed: t-interval at the level of its test"}
     return {"ours": ours, "pairs": pairs}
@@ -118,12 +123,25 @@ def scale_statement(ours: dict, ref: R.Reference) -> str:
     return " ".join(parts)
 
 
+PLATEAU = "not trained past the plateau"
+
+
+def _plateau_levels(sf, levels: list[dict]) -> set[int]:
+    """Indices of the levels with a finished run that did not learn past the most frequent token: the
+    answer's guard (render.plateau_runs), applied to each level's runs (all its factor values match)."""
+    bad = plateau_hashes(sf.runs)
+    runs = [r for r in sf.plan.get("runs", []) if r["run_hash"] in bad]
+    return {i for i, lv in enumerate(levels)
+            if any(all(F.canon((r.get("factors") or {}).get(k)) == F.canon(v) for k, v in lv.items()) for r in runs)}
+
+
 def reference_sections(sf) -> list[dict]:
     plan = sf.plan
     refs = R.for_study(plan.get("kind", "generic"), plan.get("references"))
     levels, s = _level_dicts(sf)
     od = _ours_by_level(sf, levels, s) if levels else {"ours": {}, "pairs": None}
     ours_sc = our_scale(sf)
+    flat = _plateau_levels(sf, levels)
     out = []
     for ref in refs:
         cmp = R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"]) if levels else \
@@ -136,6 +154,8 @@ def reference_sections(sf) -> list[dict]:
                 if what not in unmeasured:
                     unmeasured.append(what)
                 continue
+            if r["i"] in flat or r["j"] in flat:  # the answer's floor guard: a difference measures the plateau
+                r = {**r, "verdict": PLATEAU}
             rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
                          "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
                          "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,

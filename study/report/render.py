@@ -30,7 +30,7 @@ from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 from study.metrics import COST_METRICS, param_columns, parse_metric
 from study.report import figures as F
 from study.report import stats as S
-from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS
+from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS, plateau_hashes
 from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
 from study.report.papers import reference_sections
 
@@ -95,13 +95,19 @@ def _records(df: pd.DataFrame) -> list[dict]:
                                              for k, v in r.items()}} for r in df.to_dict("records")]
 
 
+NOTES = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"   # aggregate.compare's notes after the verdict
+
+
+def _notes(interpretation: Any) -> str:
+    """compare's "(paired on k of m seeds)" and "(averaged over ...)" notes, each with a leading space."""
+    return "".join(f" {m}" for m in re.findall(rf"\({NOTES} [^()]*\)", str(interpretation or "")))
+
+
 def _verdict_words(interpretation: str) -> str:
     s = str(interpretation or "")
-    notes = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"   # aggregate.compare's notes after the verdict stay
-    kept = "".join(f" {m}" for m in re.findall(rf"\({notes} [^()]*\)", s))
     if NOISE_WORDS in s:
-        return NOISE_WORDS + kept
-    return re.sub(rf"\s+at n=\d+ seeds(?=$| \({notes})", "", s) or "no verdict"
+        return NOISE_WORDS + _notes(s)
+    return re.sub(rf"\s+at n=\d+ seeds(?=$| \({NOTES})", "", s) or "no verdict"
 
 
 def methods_sentence(sf: StudyFiles) -> str:
@@ -127,7 +133,8 @@ def methods_sentence(sf: StudyFiles) -> str:
                  f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
                  f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs.")
     elif pr:
-        why = f"n<{st['min_n']}" if pr["n"] < st["min_n"] else "no test: the same difference in every seed"
+        why = (f"n<{st['min_n']}" if pr["n"] < st["min_n"]
+               else "the same difference in every seed, so no measure of seed noise")
         text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect ({why})."
     return text
 
@@ -193,7 +200,7 @@ def answer_sentence(sf: StudyFiles) -> dict:
     plan, ans = sf.plan, sf.study.get("answer")
     task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     what = F.metric_label(task, mode, metric)
-    if ans and finite(ans.get("diff")):
+    if ans and (finite(ans.get("diff")) or ans.get("n") == 0):  # n = 0: no seed at both levels, said below
         fac = (plan.get("compare") or {}).get("factor", "")
         a, b = ans.get("a"), ans.get("b")
         n = int(ans.get("n") or 0)
@@ -208,8 +215,8 @@ def answer_sentence(sf: StudyFiles) -> dict:
             return {"text": f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, n={n} seeds: "
                             f"{ans.get('interpretation')}; no direction is claimed.", "kind": "paired"}
         if n < S.MIN_N or not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
-            return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed), so no "
-                            f"direction is claimed.", "kind": "paired"}
+            return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed)"
+                            f"{_notes(ans.get('interpretation'))}, so no direction is claimed.", "kind": "paired"}
         verdict = _verdict_words(ans.get("interpretation"))
         text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
                 f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds"
@@ -217,7 +224,7 @@ def answer_sentence(sf: StudyFiles) -> dict:
         if all(finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
             # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
-        elif verdict == NOISE_WORDS and finite(ans.get("mde")):
+        elif verdict.startswith(NOISE_WORDS) and finite(ans.get("mde")):  # a note may follow the words
             # "no difference seen" is not "no difference": say how large a difference could have hidden
             text += f"; it could detect only differences of ≥ {fmt_diff(ans['mde'], metric).lstrip('+')}"
         text += _no_gain_over_random(sf, task, mode, metric) + "." + _other_mode(sf, task, mode, metric)
@@ -248,12 +255,18 @@ def answer_sentence(sf: StudyFiles) -> dict:
             return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
         if not (finite(best["ci_low"]) and finite(best["ci_high"])):
             return {"text": f"{head}: {TOO_FEW_WORDS}.", "kind": "levels"}
-        overl = [r["level"] for _, r in rest.iterrows() if finite(r["ci_low"]) and
+        # A CI of no width (every seed the same) measures no seed noise: it is set beside no other one
+        same = [r["level"] for _, r in rest.iterrows() if S.zero_width(r["ci_low"], r["ci_high"])]
+        overl = [r["level"] for _, r in rest.iterrows() if finite(r["ci_low"]) and r["level"] not in same and
                  not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
         # Separate intervals that overlap are not a test of the difference (a paired one can still find it):
         # no verdict either way without a `report.compare`, whose paired test is the study's answer.
-        tail = (f": its CI overlaps {', '.join(map(str, overl))}'s" if overl
-                else ": its CI is clear of every other level's")
+        if S.zero_width(best["ci_low"], best["ci_high"]):
+            tail = ": every seed at it scored the same, so its CI is set beside no other level's"
+        else:
+            tail = (f": its CI overlaps {', '.join(map(str, overl))}'s" if overl else
+                    ": its CI is clear of every other level's" if len(rest) > len(same) else "")
+            tail += f"; every seed of {', '.join(map(str, same))} scored the same (no CI to set beside)" if same else ""
         tail += " (separate intervals, not a test; `report.compare` in the spec names a paired comparison)"
         return {"text": head + tail + _no_gain_over_random(sf, task, mode, metric) + ".", "kind": "levels"}
     total = len(sf.runs)
@@ -377,9 +390,7 @@ def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) 
     """The floor guard: finished runs that did not learn past always predicting the most frequent token
     (`learned` False in runs.csv), as "label seed k"; with a factor, only those at the given levels of it
     (the two sides of the primary comparison). A study answered from such runs gets no direction."""
-    if sf.runs.empty:
-        return []
-    bad = {str(x.get("run_hash")) for x in _collapsed(_records(sf.runs))}
+    bad = plateau_hashes(sf.runs)
     return [f"{r['label']} seed {r['seed']}" for r in _runs_at(sf, factor, levels) if r["run_hash"] in bad]
 
 
@@ -402,9 +413,9 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
 
 def _runs_at(sf: StudyFiles, factor: str | None, levels: tuple) -> list[dict]:
     """The plan's runs at the given levels of `factor` ("label" or a factor key); every run without one."""
-    want = {str(v) for v in levels}
+    want = {F.canon(v) for v in levels}   # canon: a level read back as 4.0 is the plan's 4
     return [r for r in sf.plan.get("runs", []) if factor is None
-            or str(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want]
+            or F.canon(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want]
 
 
 def collapse_warning(bad: list[dict], n_runs: int) -> str | None:

@@ -24,7 +24,7 @@ the interval is built from the same distribution and the same level as the test 
   its interval excludes 0 <=> its Holm-adjusted p < alpha.
 
 Minimum detectable effect: the noncentral t power of a two-sided paired t-test, at the alpha the
-row's own test uses (aggregate passes the Holm level for a secondary row).
+row's own test uses (aggregate passes the Holm level for a secondary row); none when the paired SD is 0.
 """
 from __future__ import annotations
 
@@ -139,6 +139,14 @@ def same_spread(sd: float, mean: float, scale: float = 1.0) -> bool:
     return bool(sd <= SAME_SPREAD_RTOL * max(1.0, abs(mean), scale))
 
 
+def zero_width(low, high) -> bool:
+    """A finite interval of no width (up to float leftovers): every unit scored the same (`mean_interval`'s
+    exact case). It measures no seed noise, so setting it beside another interval is no test."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return False
+    return bool(high - low <= SAME_SPREAD_RTOL * max(1.0, abs(low), abs(high)))
+
+
 def welch_interval(x, y, level: float = 1 - ALPHA) -> Interval:
     """Interval for mean(x) - mean(y), two UNPAIRED samples: Welch's t at every n (the BCa bootstrap
     is one-sample only; Welch is exact for normal data and robust at large n)."""
@@ -242,11 +250,10 @@ def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA) -> floa
 
 
 def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
-    """Smallest difference a two-sided paired t-test at `alpha` detects with `power` at n units."""
-    if not (np.isfinite(sd) and sd >= 0) or n < MIN_N:
+    """Smallest difference a two-sided paired t-test at `alpha` detects with `power` at n units; NaN when
+    sd is 0 (the same difference in every unit measures no noise, so it bounds no hidden effect)."""
+    if not (np.isfinite(sd) and sd > 0) or n < MIN_N:
         return float("nan")
-    if sd == 0:
-        return 0.0
     # Power rises monotonically in the effect: bracket by doubling (scipy's nct turns NaN far out in
     # the tail, so no fixed huge upper bound), then solve in units of one SD.
     hi = 1.0

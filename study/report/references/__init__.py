@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from study.errors import StudyError
+from study.report.stats import zero_width
 
 REFERENCE_DIR = Path(__file__).resolve().parent
 # Which tables a study of each kind is compared with when its spec names none.
@@ -234,8 +235,8 @@ def _verdict(paper_diff: float, ours: dict | None) -> str:
     if os_ == 0:
         return "ours shows no difference at all"
     same = ps == os_
-    if ours.get("noise") is None:
-        return f"{'same' if same else 'opposite'} direction, but ours has no CI (too few seeds)"
+    if ours.get("noise") is None:  # `why`: no test for another reason than too few seeds
+        return f"{'same' if same else 'opposite'} direction, but {ours.get('why') or 'ours has no CI (too few seeds)'}"
     point = f"point estimate {'agrees' if same else 'disagrees'}"
     if ours["noise"] and ours.get("basis") == OVERLAP:
         # two levels' separate intervals overlapping is not a test (paired by seed they may still differ)
@@ -250,13 +251,18 @@ def _finite(*xs: Any) -> bool:
 
 
 OVERLAP = "per-level 95% CIs overlap"
+SAME_SCORE = "no test: every seed at a level scored the same"
 
 
 def unpaired(a: dict, b: dict) -> dict:
     """b - a from two per-level summaries. Separated 95% CIs give a direction (conservatively); overlapping
-    ones are no verdict either way (`_verdict`: "not resolved"), since they are not a test."""
+    ones are no verdict either way (`_verdict`: "not resolved"), since they are not a test. A CI of no
+    width (every seed the same) measures no seed noise: no test, as for the paired SAME_DIFF."""
     noise = None
     if _finite(a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
+        if zero_width(a["ci_low"], a["ci_high"]) or zero_width(b["ci_low"], b["ci_high"]):
+            return {"diff": b["mean"] - a["mean"], "ci_low": None, "ci_high": None, "noise": None,
+                    "why": SAME_SCORE, "basis": "per-level 95% CIs"}
         noise = not (b["ci_low"] > a["ci_high"] or b["ci_high"] < a["ci_low"])
     return {"diff": b["mean"] - a["mean"], "ci_low": None, "ci_high": None, "noise": noise,
             "basis": OVERLAP if noise else "per-level 95% CIs"}
@@ -283,7 +289,8 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
 
     `ours[(level_index, task, mode, metric)] = {"mean", "ci_low", "ci_high"}`: our summary per level.
     A paired comparison may add `ours[("diff", i, j, task, mode, metric)] = {"diff", "ci_low",
-    "ci_high", "noise", "basis"}`; without it the difference is judged from the two levels' CIs.
+    "ci_high", "noise", "basis"}` (and `why` when noise is None for another reason than n < 3);
+    without it the difference is judged from the two levels' CIs.
     Differences are level j minus level i, for `pairs` (default: every matched level vs `base`).
     """
     matched, confounders = match_levels(ref, levels)
@@ -321,7 +328,7 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
                 d = unpaired(ours[(i, *key)], ours[(j, *key)])
             out["rows"].append({
                 "column": col.name, "task": col.task, "mode": col.our_mode, "metric": col.metric,
-                "a": _level_key(levels[i]), "b": _level_key(levels[j]),
+                "a": _level_key(levels[i]), "b": _level_key(levels[j]), "i": i, "j": j,
                 "paper_a_label": ri.label, "paper_b_label": rj.label, "paper_a": vi, "paper_b": vj,
                 "paper_diff": vj - vi, "paper_verified": ri.verified and rj.verified,
                 "ours": d, "verdict": _verdict(vj - vi, d),
