@@ -295,7 +295,9 @@ class FinetuneConfig(Strict):
 
 
 class ImplConfig(Strict):
-    """Speed-only settings. Excluded from the run hash; each is loss-neutral by test."""
+    """Speed-only settings. Excluded from the run hash; each is loss-neutral by test. Where dropout is on,
+    several of them (attention, compile, pad_to, dropout_masks) draw its masks from another stream: the same
+    distribution, not bitwise the same model, as a different thread count or GPU is not either."""
 
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere
@@ -312,7 +314,8 @@ class ImplConfig(Strict):
     compile: bool = False
     # "batch": each micro-batch trimmed to its longest row (fewest positions computed). "max": every batch
     # padded to objective.max_seq_len (static shapes for torch.compile / CUDA graphs; padding is masked out
-    # of attention and loss, so the loss is the same within float rounding, tests/test_train.py).
+    # of attention and loss, so the loss is the same within float rounding without dropout, tests/test_train.py;
+    # with dropout the padded positions draw masks too: another stream).
     pad_to: Literal["batch", "max"] = "batch"
     # One fused AdamW kernel (and one foreach gradient-norm) instead of a loop over parameter tensors:
     # transformers' Trainer default too. The same update within float rounding (tests/test_train.py).

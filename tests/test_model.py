@@ -369,6 +369,14 @@ def test_bits_dropout_masks_are_bernoulli_and_seeded():
     assert not torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)      # and the stream moves on
 
 
+@pytest.mark.parametrize("p", [1e-9, 1e-10, 1e-12, 2.0 ** -40])
+def test_bits_dropout_keeps_almost_everything_at_a_tiny_p(p):
+    """Below 2^-33, 1-p rounded to 2^32 and the keep threshold wrapped to int32's minimum: every element
+    was dropped (kept fraction 0.0 at p = 1e-10)."""
+    torch.manual_seed(0)
+    assert (bits_dropout(torch.ones(100_000), p) != 0).float().mean().item() > 0.999
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_bits_dropout_model_computes_what_the_stock_model_does(attn):
     """Evaluation is bitwise the stock kernel's; in training (with a drop probability so small that nothing

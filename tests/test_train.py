@@ -193,6 +193,12 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     assert enc.config.hidden_size == 32 and mlm.config.vocab_size == m["vocab_size"]
     fill = pipeline("fill-mask", model=str(run / "model"), top_k=2)
     assert len(fill("the [MASK] is here")) == 2
+    # its tokenizer truncates to what the model takes (the data stage's has no limit: a long text crashed)
+    conf = json.loads((run / "model" / "tokenizer_config.json").read_text())
+    assert conf["model_max_length"] == cfg.model.max_positions and "local_files_only" not in conf
+    long = fill.tokenizer(" ".join(["the [MASK] is here"] * 40), truncation=True, return_tensors="pt")
+    assert long["input_ids"].shape[1] == cfg.model.max_positions
+    assert mlm(**long).logits.shape[1] == cfg.model.max_positions
     # a second call trains nothing and returns the same metrics
     monkeypatch.setattr("study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("trained a finished run"))
     assert train_run(cfg, lay, quiet=True) == m
@@ -742,6 +748,37 @@ def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
     assert grads["max"].keys() == grads["batch"].keys()
     for n in grads["batch"]:
         torch.testing.assert_close(grads["max"][n], grads["batch"][n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_micro_batch_with_nothing_to_learn_trains_as_if_it_were_not_there():
+    """A row's mask count is rounded at random, so a micro-batch can hold no masked token; with no sentence
+    task it has no loss at all. Its backward crashed ("does not require grad"). Now it adds a zero that
+    reaches every parameter (DDP needs a gradient for each): the step equals the one without that part."""
+    from study.model.bert import IGNORE
+    from study.pretrain.step import LossModule, build_training_model, make_optimizer, pretrain_step, read_steps
+    from study.runtime import resolve
+    cfg = RunConfig(model={"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64,
+                           "dropout": 0.0, "attention_dropout": 0.0},
+                    objective={"sentence": "none", "max_seq_len": 32}, finetune={"max_length": 64})
+    ids = torch.randint(5, 200, (2, 10), generator=torch.Generator().manual_seed(0))
+    none, one = torch.full_like(ids, IGNORE), torch.full_like(ids, IGNORE)
+    one[0, 3] = ids[0, 3]
+
+    def part(labels, n):
+        return {"tensors": {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                            "token_type_ids": torch.zeros_like(ids), "labels": labels,
+                            "sentence_label": torch.full((2,), -1)}, "n_mlm": n, "n_sent": 0, "positions": 20}
+    rt, out = resolve(cfg.impl), {}
+    for name, parts in (("alone", [part(one, 1)]), ("with an empty part", [part(one, 1), part(none, 0)])):
+        torch.manual_seed(0)
+        model, _ = build_training_model(cfg, 200, rt.device)
+        opt, fused = make_optimizer(cfg, model, rt.device)
+        out[name] = (read_steps([pretrain_step(LossModule(model, True, chunked=rt.chunked_mlm), model, opt, parts,
+                                               1e-3, clip=1.0, rt=rt, fused=fused)])[0], model.state_dict())
+    (a, wa), (b, wb) = out["alone"], out["with an empty part"]
+    assert b.loss == pytest.approx(a.loss) and b.grad_norm == pytest.approx(a.grad_norm) and b.masked == 1
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], msg=k)
 
 
 def _curve_without_dropout(corpus, layout, name: str, **impl) -> tuple[np.ndarray, dict]:

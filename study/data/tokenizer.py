@@ -156,6 +156,20 @@ def load_tokenizer(dir: Path):
     return BertTokenizerFast.from_pretrained(str(dir))
 
 
+def save_beside_model(tok, out_dir: Path, max_positions: int) -> None:
+    """The tokenizer of a trained model's folder. Its `model_max_length` is the model's max_positions, so
+    `truncation=True` (a fill-mask pipeline, say) cuts to what the model takes: the data stage's tokenizer
+    serves every model size and has no limit (1e30). The loader's `is_local` / `local_files_only` leftovers
+    are dropped: a folder pushed to the hub would carry them."""
+    tok.save_pretrained(str(out_dir))
+    path = Path(out_dir) / "tokenizer_config.json"
+    conf = json.loads(path.read_text())
+    conf["model_max_length"] = max_positions
+    for key in ("is_local", "local_files_only"):
+        conf.pop(key, None)
+    path.write_text(json.dumps(conf, indent=2, ensure_ascii=False) + "\n")
+
+
 def special_ids(tok) -> SpecialIds:
     return SpecialIds(pad=tok.pad_token_id, unk=tok.unk_token_id, cls=tok.cls_token_id,
                       sep=tok.sep_token_id, mask=tok.mask_token_id, vocab_size=len(tok))

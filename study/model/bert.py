@@ -200,7 +200,8 @@ def bits_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     n = x.numel()
     words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)  # all 64 bits
     draws = words.view(torch.int32)[:n].view(x.shape)
-    keep = draws < (_INT32_MIN + round((1.0 - p) * 2.0 ** 32))
+    # below 2^-33, 1-p rounds to 2^32: a threshold of 2^31 would wrap to int32's minimum and drop everything
+    keep = draws < min(_INT32_MIN + round((1.0 - p) * 2.0 ** 32), (1 << 31) - 1)
     noise = keep.to(x.dtype).div_(1.0 - p)
     return x * noise
 

@@ -11,6 +11,8 @@ them, so a saved folder loads without custom code:
 What the MLM classes do not have is reported by transformers as UNEXPECTED keys, exactly as for a BERT
 checkpoint: `roberta_prelayernorm.pooler.*` and `seq_relationship.*` (the NSP/SOP head) for the masked-LM
 class, `lm_head.*` and `seq_relationship.*` for the bare encoder. One file, nothing missing on any load.
+transformers has no pre-training class for this model type: `AutoModelForPreTraining` gives the masked-LM
+class, so the sentence head comes back only through `study.model.load.load_pretrained`.
 
 `PreLNForPreTraining` gives the trainer, evaluation and fine-tuning the surface of BertForPreTraining:
 `.bert` (the encoder with pooler: `out[0]`, `out[1]` / `pooler_output`), `.cls.predictions` (the MLM

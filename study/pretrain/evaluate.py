@@ -11,7 +11,9 @@ Sentence task (NSP/SOP): valid instances built with the run's own objective and 
 Those inputs carry reference masks too, because that is the distribution the head was trained on.
 
 Masks are drawn on full-length rows and padding is trimmed per eval batch afterwards, so neither
-the eval batch size nor the trimming changes which positions are asked.
+the eval batch size nor the trimming changes which positions are asked. The model runs in the run's own
+precision (bf16 autocast on a GPU): the questions are fixed, the arithmetic is the run's, so a bf16 and an
+fp32 run of one config score within bf16 rounding of each other (accuracy alike; loss to ~1e-5 relative).
 
 Two accuracies, each with its floor (always predicting the most frequent asked token):
 - ref_mlm_acc / ref_mode_acc over every asked position, BERT's usual number;

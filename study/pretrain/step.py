@@ -111,6 +111,10 @@ class LossModule(nn.Module):
         zero = out.mlm_loss.new_zeros(())
         mlm = out.mlm_loss * w_mlm if w_mlm is not None else zero  # None: nothing masked here (NaN mean)
         sent = out.sentence_loss * w_sent if out.sentence_loss is not None else zero
+        if w_mlm is None and out.sentence_loss is None:
+            # Nothing to learn from in this part (a row's mask count rounds to 0, no sentence task): a zero
+            # that still reaches every parameter, since backward needs a graph and DDP a gradient for each.
+            return sum(q.sum() for q in self.model.parameters()) * 0.0, zero, zero
         return mlm + sent, mlm.detach(), sent.detach()
 
 

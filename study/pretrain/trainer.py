@@ -65,6 +65,7 @@ from study.data.batches import Batches
 from study.data.corpus import with_fingerprint
 from study.data.instances import build_instances
 from study.data.prepare import prepare_data
+from study.data.tokenizer import save_beside_model
 from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
 from study.io import atomic_dir, file_lock, read_json
 from study.model.bert import model_flops_per_token
@@ -500,7 +501,7 @@ class Trainer:
             rd.write_metrics(metrics)
             with atomic_dir(rd.model_dir) as tmp, transformers_quiet(self.quiet):  # its "Writing model shards" bar
                 self.model.save_pretrained(tmp)
-                self.prepared.tokenizer.save_pretrained(str(tmp))
+                save_beside_model(self.prepared.tokenizer, tmp, cfg.model.max_positions)
             rd.write_meta({
                 "run_hash": cfg.run_hash(), "data_hash": cfg.data_hash(), "provenance": provenance(str(self.device)),
                 "wall_s": wall, "device": str(self.device), "params": self.params, "started": st.started,
