@@ -207,14 +207,17 @@ def _pct(x) -> str:
 
 
 def _ft_summary(results: list[dict]) -> str:
-    """Mean primary metric per task and mode of one encoder's fine-tuning results, e.g. `SST-2 finetune 51.2%`."""
+    """Mean primary metric per task and mode of one encoder's fine-tuning results, e.g. `SST-2 finetune 51.2%`,
+    `CoLA finetune matthews_corr 0.123` (a correlation is no percentage)."""
     by: dict[tuple, list[float]] = {}
     for r in results:
         if "primary" in r and isinstance(r["primary"], (int, float)):
-            by.setdefault((r["task"], r["mode"]), []).append(r["primary"])
+            by.setdefault((r["task"], r["mode"], r.get("primary_metric")), []).append(r["primary"])
     skipped = sorted({r["task"] for r in results if "skipped" in r})
     diverged = sorted((r["task"], r["seed"]) for r in results if "diverged" in r)
-    parts = [f"{t} {m} {_pct(sum(v) / len(v))}" for (t, m), v in sorted(by.items())]
+    parts = [f"{t} {m} {_pct(sum(v) / len(v))}" if pm in ("accuracy", "f1", None)
+             else f"{t} {m} {pm} {sum(v) / len(v):.3f}"
+             for (t, m, pm), v in sorted(by.items(), key=lambda kv: kv[0][:2])]
     return ", ".join(parts + [f"{t} skipped" for t in skipped]
                      + [f"{t} seed {s} DIVERGED" for t, s in diverged]) or "no results"
 

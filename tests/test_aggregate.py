@@ -404,3 +404,43 @@ def test_an_exact_zero_difference_has_no_mde():
     sf = StudyFiles(Path("."), {"plan": {"name": "t"}, "statistics": statistics_note(c)}, *[pd.DataFrame()] * 5)
     text = methods_sentence(sf)
     assert "could detect" not in text and "no minimum detectable effect" in text
+
+
+def test_only_the_plans_fine_tune_seeds_and_tasks_are_read(tmp_path):
+    """Seeds and tasks are not in the finetune_hash: after a spec drops a seed or a task, its old files
+    still lie under the same hash and were averaged in (before); the plan's seeds and tasks decide."""
+    from study.report.aggregate import collect
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    run = _fake_run(layout, "r0", "nsp", 0, 100.0, 0.7)   # SST-2 finetune seeds 0 and 1
+    f = layout.finetune_dir("r0") / "MRPC" / "ft" / "finetune-seed0.json"
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps({"run_key": "r0", "task": "MRPC", "mode": "finetune", "init": "pretrained", "seed": 0,
+                             "metrics": {"f1": 0.1}, "primary_metric": "f1", "primary": 0.1, "n_eval": 408}))
+    plan = {"name": "t", "finetune_hash": "ft", "runs": [{**run, "finetune_seeds": [0], "finetune_tasks": ["SST-2"]}]}
+    ft = collect(plan, layout)["tidy"].query("task != 'pretrain'")
+    assert set(ft["task"]) == {"SST-2"} and set(ft["finetune_seed"]) == {0}
+    # a plan from before it carried them reads every file, as it did
+    assert set(collect({**plan, "runs": [run]}, layout)["tidy"]["task"]) == {"pretrain", "SST-2", "MRPC"}
+    # the dev rows each task was scored on, for the report's recipe sentence
+    assert collect({**plan, "runs": [run]}, layout)["eval_rows"] == {"MRPC": [408]}
+
+
+def test_a_deterministic_probe_of_one_random_baseline_is_one_unit_in_the_summary(tmp_path):
+    """The probe ignores its seed, so one random baseline's probe written once per fine-tune seed is one
+    measurement: summary.csv counted it n=3 with a zero-width CI (before); baseline_gain's rule now for both."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    runs = [rf._run(layout, f"r{s}", "x", s, {}, ppl=100.0, acc=0.7, rng=np.random.default_rng(s), tasks=("SST-2",))
+            for s in (0, 1, 2)]
+    for fs in (0, 1, 2):
+        rf._w(layout.finetune_dir("random-base") / "SST-2" / "ft" / f"probe-seed{fs}.json",
+              {"run_key": "random-base", "task": "SST-2", "mode": "probe", "init": "random", "seed": fs,
+               "metrics": {"accuracy": 0.55}, "primary_metric": "accuracy", "primary": 0.55})
+    plan = {"name": "t", "runs": runs, "finetune_hash": "ft", "compare": None, "primary_metric": "ref_ppl"}
+    summ = pd.read_csv(aggregate_study(plan, layout) / "summary.csv")
+    rnd = summ[(summ["init"] == "random") & (summ["metric"] == "accuracy")].set_index("mode")
+    assert rnd.loc["probe", "n"] == 1 and np.isnan(rnd.loc["probe", "ci_low"])
+    assert rnd.loc["finetune", "n"] == 3   # the fine-tune seeds differ: three units, as before

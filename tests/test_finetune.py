@@ -397,3 +397,71 @@ def test_a_result_of_other_task_files_is_recomputed(done, tmp_path, monkeypatch)
     dev.write_text("".join(lines[:-25]))         # a corrected dev file: 75 rows, under the cap of 80
     again = finetune_run(cfg, layout, quiet=True)[0]
     assert calls == [1] and again["task_data"] != first["task_data"] and (first["n_eval"], again["n_eval"]) == (80, 75)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_non_finite_dev_predictions_are_recorded_diverged(done, tmp_path, monkeypatch, batched):
+    """NaN weights after the last update leave the loss finite but the dev logits NaN: argmax then gave
+    class 0 and a normal-looking score (before). The seed is recorded `diverged` like a non-finite loss;
+    batched, the stacked group leaves it out and it trains alone, so the speed setting decides nothing."""
+    cfg = make_cfg(done["glue"], tasks=["SST-2"], seeds=[0, 1], probe=False, epochs=1)
+    cfg = cfg.model_copy(update={"impl": cfg.impl.model_copy(update={"finetune_batched_seeds": batched})})
+    layout = Layout(root=tmp_path / "results")
+    shutil.copytree(done["layout"].run_dir(cfg.run_hash()) / "model", layout.run_dir(cfg.run_hash()) / "model")
+    real_predict, real_stacked = ft_mod._predict, ft_mod.batched.SeedBatch.predict
+
+    def predict(model, e, rt):   # _finetune_one seeds torch with the fine-tune seed
+        out = real_predict(model, e, rt)
+        return np.full_like(out, np.nan) if torch.initial_seed() == 1 else out
+
+    def stacked(self, e):
+        out = real_stacked(self, e)
+        out[1] = np.nan   # seed 1's model of the two stacked
+        return out
+    monkeypatch.setattr(ft_mod, "_predict", predict)
+    monkeypatch.setattr(ft_mod.batched.SeedBatch, "predict", stacked)
+    by_seed = {r["seed"]: r for r in finetune_run(cfg, layout, quiet=True)}
+    assert "metrics" not in by_seed[1] and "non-finite dev predictions" in by_seed[1]["diverged"], by_seed[1]
+    assert by_seed[0]["metrics"]["accuracy"] > 0.5
+
+
+def test_a_single_label_training_split_is_skipped_and_the_rest_go_on(done, tmp_path):
+    """A (capped) training split with one label made the probe's sklearn head raise ValueError, which stopped
+    the whole call, other tasks included (before): the task is recorded skipped with the reason."""
+    glue = tmp_path / "glue"
+    shutil.copytree(done["glue"], glue)
+    train = glue / "SST-2" / "train.tsv"
+    rows = train.read_text().splitlines(keepends=True)
+    train.write_text(rows[0] + "".join(r for r in rows[1:] if r.rstrip("\n").endswith("\t1")))
+    cfg = make_cfg(glue, tasks=["SST-2", "STS-B"], seeds=[0], epochs=1)
+    layout = Layout(root=tmp_path / "results")
+    shutil.copytree(done["layout"].run_dir(cfg.run_hash()) / "model", layout.run_dir(cfg.run_hash()) / "model")
+    res = finetune_run(cfg, layout, quiet=True)
+    sst = [r for r in res if r["task"] == "SST-2"]
+    assert len(sst) == 2 and all("single label (1)" in r["skipped"] for r in sst), sst
+    assert json.loads(result_path(layout, cfg.run_hash(), "SST-2", cfg.finetune_hash(), "probe", 0).read_text()) \
+        == sst[1]
+    assert {r["mode"] for r in res if r["task"] == "STS-B" and "metrics" in r} == {"finetune", "probe"}
+
+
+def test_result_files_record_the_resolved_recipe(done):
+    """A result named only its recipe's hash (before); it now spells the recipe out, every field (the
+    defaults the hash leaves out, such as pooling "cls", too), and the hash is unchanged."""
+    from study.config import FinetuneConfig
+    cfg, layout = done["cfg"], done["layout"]
+    res = json.loads(result_path(layout, cfg.run_hash(), "SST-2", cfg.finetune_hash(), "finetune", 0).read_text())
+    assert res["recipe"]["pooling"] == "cls" and res["recipe"]["lr"] == cfg.finetune.lr
+    assert "seeds" not in res["recipe"] and "tasks" not in res["recipe"]
+    back = RunConfig.model_validate({**cfg.model_dump(), "finetune": FinetuneConfig(
+        **res["recipe"], seeds=cfg.finetune.seeds, tasks=cfg.finetune.tasks).model_dump()})
+    assert back.finetune_hash() == cfg.finetune_hash() == res["finetune_hash"]
+
+
+def test_correlations_are_printed_as_plain_numbers():
+    """`study finetune`'s line printed CoLA's MCC and STS-B's Spearman as percentages (before)."""
+    from study.cli import _ft_summary
+    res = [{"task": "CoLA", "mode": "finetune", "primary_metric": "matthews_corr", "primary": 0.1234},
+           {"task": "SST-2", "mode": "finetune", "primary_metric": "accuracy", "primary": 0.8},
+           {"task": "STS-B", "mode": "probe", "primary_metric": "spearman", "primary": -0.05}]
+    assert _ft_summary(res) == ("CoLA finetune matthews_corr 0.123, SST-2 finetune 80.0%, "
+                                "STS-B probe spearman -0.050")

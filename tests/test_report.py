@@ -792,3 +792,20 @@ def test_runs_at_a_level_are_found_when_the_level_reads_as_a_float():
     sf = StudyFiles(Path("."), {"plan": plan}, pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), runs, pd.DataFrame())
     assert plateau_runs(sf, "model.layers", (4.0,)) == ["model.layers=4 seed 0"]
     assert left_out(sf, "model.layers", (4.0,)) == " (left out: 1 of 3 runs at 4.0: seed 1 failed)"
+
+
+def test_recipe_states_each_tasks_own_dev_rows(rendered, tmp_path):
+    """The recipe said "scored on 872 dev rows" for every task, MRPC (408 dev rows) too (before): the
+    aggregate's per-task counts (study.json eval_rows) are stated; without them a cap is an upper bound."""
+    spec = tmp_path / "r.yaml"
+    spec.write_text("name: r\ndefaults:\n  finetune: {tasks: [SST-2, MRPC], max_eval_examples: 872}\n")
+    plan = load_study(spec).plan_dict(Layout(root=tmp_path / "results"))
+    assert "scored on at most 872 dev rows per task." in recipe_sentence(plan)
+    assert "scored on 872 (SST-2) / 408 (MRPC) dev rows." in recipe_sentence(plan, {"SST-2": [872], "MRPC": [408]})
+    _, _, study_dir = rendered("depth")
+    copy = tmp_path / "depth"
+    shutil.copytree(study_dir, copy)
+    st = json.loads((copy / "study.json").read_text())
+    (copy / "study.json").write_text(json.dumps({**st, "eval_rows": {"SST-2": [80], "MRPC": [40]}}))
+    html = render_report(copy, tmp_path / "out").read_text()
+    assert "scored on 80 (SST-2) / 40 (MRPC) dev rows." in re.search(r'id="recipe">([^<]+)<', html).group(1)

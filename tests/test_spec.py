@@ -512,3 +512,21 @@ def test_a_factor_that_cannot_change_the_run_is_refused(tmp_path, capsys):
     ok = write(tmp_path, "name: t\ndefaults:\n  masking: {unit: span}\nfactors:\n  masking.span_p: [0.1, 0.3]\n",
                "ok.yaml")
     assert len(load_study(ok).runs) == 2
+
+
+@pytest.mark.parametrize("varies, field", [
+    # with another pre-training setting: two runs, the second's fine-tune rows were silently dropped
+    ("runs:\n  - {label: a}\n  - {label: b, set: {masking.rate: 0.3, finetune.pooling: mean}}\n", "pooling"),
+    # one at a time: the lr levels were merged into the base point, the factor silently gone
+    ("design: one_at_a_time\nfactors:\n  finetune.lr: [1.0e-4, 2.0e-4]\n  masking.rate: [0.3]\n", "lr"),
+    ("factors:\n  finetune.probe: [true, false]\n", "probe")])   # was "resolve to the same config"
+def test_runs_fine_tuned_with_other_recipes_are_refused(tmp_path, capsys, varies, field):
+    """The plan holds one finetune_hash and the aggregate reads results under it only: a spec whose runs
+    differ in a fine-tuning setting lost the other runs' fine-tune rows without a word (before)."""
+    assert main(["validate", str(write(tmp_path, "name: t\n" + varies))]) == 2
+    err = capsys.readouterr().err
+    field = f"finetune.{field}"
+    assert f"{field}:" in err and "one recipe" in err and "vary it across specs" in err, err
+    # seeds and tasks are not in the hash (each is its own result file): a run may differ there
+    ok = "name: t\nruns:\n  - {label: a}\n  - {label: b, set: {masking.rate: 0.3, finetune.seeds: [0, 1]}}\n"
+    assert main(["validate", str(write(tmp_path, ok))]) == 0

@@ -214,3 +214,13 @@ def test_real_glue_loads_with_documented_counts(shared_data):
         with pytest.raises(StudyError, match="does not exist"):
             load_task(task, glue, split)
     assert set(SPLITS) == {"train", "dev", "test"}
+
+
+def test_compute_metrics_refuses_non_finite_input():
+    """NaN logits argmax to class 0 and NaN scores rank arbitrarily: a normal-looking score (before)."""
+    with pytest.raises(StudyError, match="non-finite predictions"):
+        compute_metrics("SST-2", np.array([[np.nan, np.nan], [0.1, 0.9]]), [0, 1])
+    with pytest.raises(StudyError, match="non-finite predictions"):
+        compute_metrics("STS-B", np.array([np.nan, 1.0, 2.0]), [0.0, 1.0, 2.0])
+    with pytest.raises(StudyError, match="non-finite labels"):
+        compute_metrics("STS-B", np.array([0.0, 1.0, 2.0]), [0.0, np.inf, 2.0])

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import sys
 import time
 
 import numpy as np
@@ -297,7 +298,8 @@ def collate_seeds(e: Encoded, idxs: list[np.ndarray], device: torch.device) -> d
 def finetune_seeds(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
                    seeds: list[int], rt: Runtime, desc: str, quiet: bool) -> dict[int, dict]:
     """`finetune._finetune_one` for several seeds at once: seed -> the same result record fields
-    (metrics, steps, train_loss, wall_s: the group's wall time / K, plus the seeds batched together)."""
+    (metrics, steps, train_loss, wall_s: the group's wall time / K, plus the seeds batched together). A seed
+    whose dev predictions are not all finite is left out (the caller trains it alone)."""
     ft = cfg.finetune
     t0 = time.time()
     steps_per_epoch = math.ceil(len(train) / ft.batch_size)
@@ -330,6 +332,12 @@ def finetune_seeds(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train:
     out = {}
     for k, seed in enumerate(seeds):
         p = preds[k] if not spec.is_regression else preds[k, :, 0]
+        if not np.isfinite(p).all():
+            # left out, so finetune.py trains it alone (as after a stacked step's non-finite loss) and records it
+            # diverged there: whether a seed scores never depends on this speed setting
+            print(f"batched fine-tuning: {spec.name} seed {seed} has non-finite dev predictions; trained again "
+                  f"alone", file=sys.stderr)
+            continue
         out[seed] = {"metrics": compute_metrics(spec, p, dev.labels), "steps": step,
                      "train_loss": float(np.mean(tail[:, k])), "wall_s": wall, "batched_seeds": list(seeds)}
     return out

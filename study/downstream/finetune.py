@@ -16,10 +16,12 @@ caps), as cramming does, so that differences between runs come from pre-training
 
 Results: `layout.finetune_dir(run_key)/<task>/<finetune_hash>/<mode>-seed<k>.json`, one file per
 (task, mode, seed), written atomically as soon as it is known; an existing result is returned, not
-recomputed. A task without a train or dev split gets a `{"run_key", "task", "skipped": reason}` file
-in the same place (re-checked on every call, so it disappears once the data is there). A seed whose loss
-turns non-finite gets a `{..., "diverged": reason}` file and the other seeds, tasks and models go on (the
-report lists it); fine-tuning is deterministic, so it is kept like a result: delete the file to retry.
+recomputed. A task without a train or dev split, or whose (capped) training split has a single label,
+gets a `{"run_key", "task", "skipped": reason}` file in the same place (re-checked on every call, so it
+disappears once the data is there). A seed whose loss or dev predictions turn non-finite gets a
+`{..., "diverged": reason}` file and the other seeds, tasks and models go on (the report lists it);
+fine-tuning is deterministic, so it is kept like a result: delete the file to retry. Each result and
+diverged file also records the resolved recipe (`recipe`: cfg.finetune without seeds and tasks).
 
 Randomness: the fine-tuning seed fixes the head init (explicit generator), the batch order (numpy
 SeedSequence; `epoch_batches`, length-grouped when finetune.length_groups is set) and dropout (torch's
@@ -183,9 +185,18 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
                 bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         bar.close()
         preds = _predict(model, dev, rt)
+    check_finite(preds, f"{spec.name}, seed {seed}")
     tail = losses[-max(1, steps_per_epoch // 4):]   # the last quarter epoch: the loss where training ended
     return {"metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
             "steps": step, "train_loss": float(np.mean(tail)), "wall_s": round(time.time() - t0, 3)}
+
+
+def check_finite(preds: np.ndarray, where: str) -> None:
+    """Non-finite dev predictions (weights gone NaN/inf in the last updates) would still score (argmax of NaN
+    is class 0): the seed is diverged, as with a non-finite loss."""
+    if not np.isfinite(preds).all():
+        raise FloatingPointError(f"non-finite dev predictions ({int((~np.isfinite(preds)).sum())} values) "
+                                 f"after the last step ({where})")
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -197,6 +208,19 @@ def _unavailable(spec: TaskSpec, glue_dir: str) -> str | None:
         if not p.is_file():
             return f"no {split} split: {p} does not exist"
     return None
+
+
+def _degenerate(train: TaskData, cap: int | None) -> str | None:
+    """Why a (capped) training split teaches nothing: no rows, or one label only (the probe's sklearn head
+    refuses it, a fine-tune learns a constant). Recorded as a skipped task: the other tasks and models go on."""
+    values = np.unique(train.labels)
+    if len(values) > 1:
+        return None
+    names = get_task(train.task).labels
+    what = ("no rows" if not len(values) else
+            f"a single label ({names[int(values[0])] if names else f'{float(values[0]):g}'})")
+    capped = f" (capped at {cap:,} rows: finetune.max_train_examples)" if cap is not None and len(train) >= cap else ""
+    return f"nothing to learn: the training split{capped} has {what}"
 
 
 def _validate(cfg: RunConfig) -> list[TaskSpec]:
@@ -271,6 +295,7 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) ->
                 # read every task's data before computing anything: a bad file stops the call early
                 item[2] = (cap_rows(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
                            cap_rows(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples))
+                item[2] = _degenerate(item[2][0], ft.max_train_examples) or item[2]
     results: list[dict] = []
     for spec, paths, what in plan:
         if what == "done":
@@ -296,19 +321,21 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
     e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
     e_dev = encode(enc.tokenizer, dev, ft.max_length, layout, ft.glue_dir)
     prov = provenance(str(rt.device))
+    # the resolved recipe behind the hash, every field spelled out (readers ignore it; older files lack it)
+    recipe = {k: getattr(ft, k) for k in type(ft).model_fields if k not in ("seeds", "tasks")}
 
     def record(mode: str, seed: int, out: dict) -> dict:
         m = out["metrics"]
         return {"run_key": run_key, "task": spec.name, "mode": mode, "init": init, "seed": seed, "metrics": m,
                 "primary_metric": spec.primary, "primary": m[spec.primary], "n_train": len(train),
-                "n_eval": len(dev), "finetune_hash": fh, "task_data": digest, "provenance": prov,
-                "encoder": enc.source, **{k: v for k, v in out.items() if k != "metrics"}}
+                "n_eval": len(dev), "finetune_hash": fh, "recipe": recipe, "task_data": digest,
+                "provenance": prov, "encoder": enc.source, **{k: v for k, v in out.items() if k != "metrics"}}
 
     def diverged(seed: int, exc: FloatingPointError) -> dict:
         print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
         return {"run_key": run_key, "task": spec.name, "mode": "finetune", "init": init, "seed": seed,
-                "diverged": str(exc), "finetune_hash": fh, "task_data": digest, "provenance": prov,
-                "encoder": enc.source}
+                "diverged": str(exc), "finetune_hash": fh, "recipe": recipe, "task_data": digest,
+                "provenance": prov, "encoder": enc.source}
 
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]

@@ -296,6 +296,10 @@ def compute_metrics(task: str | TaskSpec, preds, labels) -> dict[str, float]:
     spec = task if isinstance(task, TaskSpec) else get_task(task)
     preds = np.asarray(preds)
     labels = np.asarray(labels)
+    for what, arr in (("predictions", preds), ("labels", labels)):
+        # argmax of NaN logits is class 0 and ranks of NaNs are arbitrary: a score would look normal
+        if np.issubdtype(arr.dtype, np.number) and not np.isfinite(arr).all():
+            raise StudyError(f"non-finite {what}: nothing to score (a diverged model)", field=spec.name)
     if spec.is_regression:
         p = preds.reshape(-1).astype(np.float64)
         g = labels.reshape(-1).astype(np.float64)

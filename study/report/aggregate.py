@@ -113,6 +113,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
             raise StudyError("missing from the study plan", field=key)
     factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
     tidy, runs, curves, ft_problems = [], [], [], []
+    eval_rows: dict[str, set] = {}   # task -> the dev rows its scores were computed on (the report's recipe)
     for r in plan["runs"]:
         # Run folders are read with study/rundir.py's one error policy (a damaged status.json is "pending").
         rd = RunDir(layout, r["run_hash"])
@@ -149,7 +150,9 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         for run_key, init in keys:
             for f in sorted(layout.finetune_dir(run_key).glob(f"*/{plan['finetune_hash']}/*-seed*.json")):
                 res = read_json(f)
-                if "skipped" in res:
+                # seeds and tasks are not in the finetune_hash: files of ones the plan no longer asks for stay out
+                if "skipped" in res or any(r.get(k) is not None and res.get(x) not in r[k]
+                                           for k, x in (("finetune_seeds", "seed"), ("finetune_tasks", "task"))):
                     continue
                 if "diverged" in res:   # no score: listed in the report, never averaged as one
                     # a random-init baseline may be shared by several runs: named as what it is
@@ -158,6 +161,8 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                                         "init": res.get("init", init), "task": res["task"], "mode": res["mode"],
                                         "seed": res["seed"], "error": res["diverged"]})
                     continue
+                if isinstance(res.get("n_eval"), int):
+                    eval_rows.setdefault(res["task"], set()).add(res["n_eval"])
                 for m, v in res["metrics"].items():
                     if isinstance(v, (int, float)):
                         tidy.append({**base, "source_key": run_key, "finetune_seed": res["seed"], "task": res["task"],
@@ -170,7 +175,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
             # a random-init baseline shared by several runs is one model: listed once
             "finetune_problems": list({(p["source_key"], p["task"], p["mode"], p["seed"]): p
                                        for p in ft_problems}.values()),
-            "factor_keys": factor_keys}
+            "factor_keys": factor_keys, "eval_rows": {t: sorted(v) for t, v in sorted(eval_rows.items())}}
 
 
 def _per_seed(tidy: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -225,6 +230,7 @@ def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = []
     for key, g in _units(tidy, by).groupby(by, dropna=False):
+        g = _replicates(g)   # a deterministic probe copied per fine-tune seed is one unit, as in baseline_gain
         iv = S.mean_interval(g["value"])   # iv.n: the finite units the mean and the interval use
         rows.append({**dict(zip(by, key)), "mean": g["value"].mean(), "std": g["value"].std(ddof=1),
                      "n": iv.n, "ci_low": iv.low, "ci_high": iv.high, "ci_method": iv.method})
@@ -517,7 +523,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
                       study_metrics(plan, c["runs"], summarize(done, c["factor_keys"]), answer, c["factor_keys"]))
     atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
                                            "factor_keys": c["factor_keys"], "configs": _run_configs(plan, layout),
-                                           "finetune_problems": c["finetune_problems"],
+                                           "finetune_problems": c["finetune_problems"], "eval_rows": c["eval_rows"],
                                            "ci_method": STATS_METHOD, "test": STATS_TEST,
                                            "statistics": statistics_note(comps)})
     return out

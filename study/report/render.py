@@ -139,10 +139,11 @@ def methods_sentence(sf: StudyFiles) -> str:
     return text
 
 
-def recipe_sentence(plan: dict) -> str:
+def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
     """What was pre-trained (one sentence) and how it was fine-tuned (another), from the plan's recipe
     (study.studies.spec.recipe_values). A setting that differs between runs lists every value ("2 / 4 / 6
-    layers"). Empty for an aggregate written before plans carried the recipe."""
+    layers"). Empty for an aggregate written before plans carried the recipe. `eval_rows` (study.json's,
+    {task: [dev rows scored]}) gives each task's own count: a cap is only an upper bound (MRPC's dev has 408)."""
     r = plan.get("recipe")
     if not r:
         return ""
@@ -184,7 +185,9 @@ def recipe_sentence(plan: dict) -> str:
         text += (f" Fine-tuning reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
                  f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task")
         if r.get("finetune.seeds"):   # plans written before the seeds and the probe were recorded have none
-            dev = v("finetune.max_eval_examples", lambda x: "the whole dev set" if x is None else f"{x:,} dev rows")
+            counts = [f"{' / '.join(f'{n:,}' for n in ns)} ({t})" for t, ns in (eval_rows or {}).items()]
+            whole = lambda x: "the whole dev set" if x is None else f"at most {x:,} dev rows per task"  # noqa: E731
+            dev = " / ".join(counts) + " dev rows" if counts else v("finetune.max_eval_examples", whole)
             text += f", {v('finetune.seeds', lambda s: str(len(s)))} fine-tune seeds per encoder, scored on {dev}"
         if any(r.get("finetune.probe") or []):
             text += (f". The probe: a logistic regression (ridge for regression tasks) on standardised features of "
@@ -377,13 +380,10 @@ def _problem_runs(sf: StudyFiles) -> dict:
     rec = _records(r)
     return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
             "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
-            "collapsed": _collapsed(rec), "finetune": ft}
-
-
-def _collapsed(rec: list[dict]) -> list[dict]:
-    """Finished runs whose reference accuracy does not beat always predicting the most frequent token
-    (aggregate.learned_beyond_mode; runs.csv reads the flag back as a bool or a string)."""
-    return [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"]
+            # collapsed: finished runs not beyond always predicting the most frequent token
+            # (aggregate.learned_beyond_mode; runs.csv reads the flag back as a bool or a string)
+            "collapsed": [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"],
+            "finetune": ft}
 
 
 def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) -> list[str]:
@@ -485,16 +485,8 @@ def _env() -> jinja2.Environment:
     # autoescape=True for every template: study names, questions, labels and errors are user text.
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["pct"] = _pct   # a fraction as "12.3%"; missing (None) or NaN as "-"
+    env.filters["pct"] = lambda v: f"{100 * v:.1f}%" if finite(v) else "-"   # a fraction; None or NaN as "-"
     return env
-
-
-def _pct(v) -> str:
-    return f"{100 * v:.1f}%" if finite(v) else "-"
-
-
-def _data_uri(png: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
 
 def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.DataFrame | None = None,
@@ -516,7 +508,8 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
         files = F.make_figures(sf.plan, sf.factor_keys, sf.summary, sf.comparisons, sf.curves, tmp,
                                runs=sf.runs, trials=sf.trials, direction=search_direction)
         figs = [{"name": f.name, "title": f.title, "caption": f.caption, "skipped": f.skipped,
-                 "src": _data_uri(f.png) if f.png else None,
+                 "src": "data:image/png;base64," + base64.b64encode(f.png.read_bytes()).decode("ascii")
+                 if f.png else None,
                  "files": [p.name for p in (f.png, f.svg) if p]} for f in files]
     answer = answer_sentence(sf)
     problems = _problem_runs(sf)
@@ -524,7 +517,7 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
     plan = sf.plan
     html = _env().get_template("report.html").render(
         csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
-        answer=answer, warning=warning, methods=methods_sentence(sf), recipe=recipe_sentence(sf.plan), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
+        answer=answer, warning=warning, methods=methods_sentence(sf), recipe=recipe_sentence(sf.plan, sf.study.get("eval_rows")), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
         baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
         provenance=provenance_section(sf), search=search_summary(sf.trials, search_direction),
         n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,

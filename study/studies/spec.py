@@ -114,9 +114,11 @@ class Study:
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
+        # fine-tune seeds and tasks are not in the finetune_hash: the aggregate reads only these
         runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
                  "status": p.status(layout),
-                 "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None}
+                 "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None,
+                 "finetune_seeds": list(p.config.finetune.seeds), "finetune_tasks": list(p.config.finetune.tasks)}
                 for p in self.runs]
         return {"name": self.name, "question": self.spec.question, "kind": r.kind,
                 "primary_metric": r.primary_metric, "x": r.x, "hue": r.hue, "compare": r.compare,
@@ -426,6 +428,22 @@ def check_inert_factors(study: Study) -> None:
                                                                   f"set it, or drop {key} from the factors")
 
 
+def check_one_finetune_recipe(first: PlannedRun, run: PlannedRun, source: str) -> None:
+    """Every run of a study is fine-tuned with one recipe: the plan holds one finetune_hash and the aggregate
+    reads results under it only, so a run with another would silently lose its fine-tune rows. Checked on
+    every design point as it is built, before one that only changes fine-tuning is merged as the same run."""
+    if first.config.finetune_hash() == run.config.finetune_hash():
+        return
+    fa, fb = first.config.finetune, run.config.finetune
+    key = next((k for k in type(fa).model_fields
+                if k not in ("seeds", "tasks", "glue_dir") and getattr(fa, k) != getattr(fb, k)), "recipe")
+    raise StudyError(f"runs '{clip(first.label)}' ({short(getattr(fa, key, '...'), 40)}) and '{clip(run.label)}' "
+                     f"({short(getattr(fb, key, '...'), 40)}) differ here: every run of a study is fine-tuned with one "
+                     f"recipe (one finetune_hash), so the report would drop the other runs' fine-tune results",
+                     field=f"finetune.{key}", source=source,
+                     allowed="one value for every run (set it in defaults); vary it across specs")
+
+
 def check_report_hints(study: Study) -> None:
     """report.x, hue, compare and primary_metric checked against what the study's runs will produce.
 
@@ -513,6 +531,7 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
                 where = f"run '{label}'" if setting else "defaults"
                 raise StudyError(f"{exc} (in {where})") from None
             run = PlannedRun(label=label, seed=seed, factors=setting, config=cfg)
+            check_one_finetune_recipe(study.runs[0] if study.runs else run, run, source)
             if run.run_hash in seen and spec.design == "one_at_a_time" and not spec.runs:
                 continue  # a level equal to the base point is the base point
             if run.run_hash in seen and seen[run.run_hash] != label:
