@@ -54,9 +54,10 @@ SeedList = Annotated[list[Seed], AfterValidator(distinct_seeds)]
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors, values are validated on assignment too."""
+    """Unknown keys are errors, values are validated on assignment too. No float is .inf or .nan: none means
+    anything in a config, and `train.amount: .inf` validated, then crashed `study plan` (int(inf))."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- corpus

@@ -14,8 +14,27 @@ reports/<name>/index.html  one self-contained report per study; reports/index.ht
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from study.errors import StudyError
+
+# A study's name (spec `name`, profile keys) becomes a folder under results/ and reports/ and a word in
+# dvc.yaml's shell commands: one path component, no quoting, never `.` or `..`.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+SAFE_NAME_ALLOWED = "letters, digits, '_', '-' and '.', not only dots: it names folders and goes into commands"
+
+
+def safe_name(name) -> bool:
+    return isinstance(name, str) and bool(_SAFE_NAME.fullmatch(name)) and name.strip(".") != ""
+
+
+def _folder(name: str) -> str:
+    """Guard of the folders named by a study: a name that is not one safe component would leave the root."""
+    if not safe_name(name):
+        raise StudyError(f"{name!r} is not a folder name", field="name", allowed=SAFE_NAME_ALLOWED)
+    return name
 
 
 @dataclass(frozen=True)
@@ -33,10 +52,10 @@ class Layout:
         return self.root / "finetune" / run_key
 
     def study_dir(self, name: str) -> Path:
-        return self.root / "studies" / name
+        return self.root / "studies" / _folder(name)
 
     def search_dir(self, name: str) -> Path:
-        return self.root / "search" / name
+        return self.root / "search" / _folder(name)
 
     def cache_dir(self, kind: str) -> Path:
         # Outside results/finetune and the run folders on purpose: those are DVC dependencies, and a cache
@@ -44,4 +63,4 @@ class Layout:
         return self.root / ".cache" / kind
 
     def report_dir(self, name: str) -> Path:
-        return self.reports / name
+        return self.reports / _folder(name)

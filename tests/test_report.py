@@ -809,3 +809,34 @@ def test_recipe_states_each_tasks_own_dev_rows(rendered, tmp_path):
     (copy / "study.json").write_text(json.dumps({**st, "eval_rows": {"SST-2": [80], "MRPC": [40]}}))
     html = render_report(copy, tmp_path / "out").read_text()
     assert "scored on 80 (SST-2) / 40 (MRPC) dev rows." in re.search(r'id="recipe">([^<]+)<', html).group(1)
+
+
+@pytest.mark.parametrize("text", ["{\"plan\": ", "[1, 2]", "\udcff"])
+def test_a_corrupt_study_json_exits_2_naming_it(tmp_path, capsys, text):
+    """A truncated, foreign or non-UTF-8 study.json was a JSONDecodeError traceback in `report` and `papers`."""
+    from study.cli import main
+    spec = tmp_path / "t.yaml"
+    spec.write_text("name: t\ndefaults:\n  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64}\n")
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    bad = results / "studies" / "t" / "study.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(text.encode("utf-8", "surrogateescape"))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for cmd in ("report", "papers"):
+        assert main(["--results", str(results), "--reports", str(reports), cmd, str(spec)]) == 2
+        err = capsys.readouterr().err
+        assert f"{bad}:" in err and "study aggregate" in err and "Traceback" not in err, err
+    assert not reports.exists() and {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_results_path_that_is_a_file_exits_2_naming_the_flag(tmp_path, capsys):
+    """`--results README.md aggregate` was a NotADirectoryError traceback."""
+    from study.cli import main
+    spec = tmp_path / "t.yaml"
+    spec.write_text("name: t\ndefaults:\n  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64}\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("notes\n")
+    for flag, path in (("--results", readme), ("--results", readme / "sub"), ("--reports", readme)):
+        assert main([flag, str(path), "aggregate", str(spec)]) == 2
+        assert f"{flag}:" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "t.yaml"] and readme.read_text() == "notes\n"

@@ -530,3 +530,113 @@ def test_runs_fine_tuned_with_other_recipes_are_refused(tmp_path, capsys, varies
     # seeds and tasks are not in the hash (each is its own result file): a run may differ there
     ok = "name: t\nruns:\n  - {label: a}\n  - {label: b, set: {masking.rate: 0.3, finetune.seeds: [0, 1]}}\n"
     assert main(["validate", str(write(tmp_path, ok))]) == 0
+
+
+# --------------------------------------------------------------------------- names, numbers and seeds (front-door audit)
+def _tree(root: Path) -> dict:
+    """Every file under root with its bytes and mtime: what "nothing written" compares."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+SMALL = "defaults:\n  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64}\n"
+
+
+def test_a_profile_name_that_leaves_the_results_folder_is_refused(tmp_path, capsys):
+    """`profiles: {/../../../esc: ...}` validated and `aggregate --profile` wrote outside --results; an
+    unquoted `--profile "my prof"` went into dvc.yaml's commands. Both exit 2 naming the field now."""
+    from study.paths import Layout
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    spec = write(work, f"name: t\nprofiles:\n  /../../../esc: {{train.amount: 5}}\n{SMALL}")
+    ok = write(work, f"name: t\n{SMALL}", "ok.yaml")
+    results, reports = work / "results", work / "reports"
+    before = _tree(tmp_path)
+    assert main(["validate", str(spec)]) == 2
+    assert "profiles./../../../esc:" in capsys.readouterr().err
+    assert main(["--results", str(results), "--reports", str(reports), "aggregate", str(spec),
+                 "--profile", "/../../../esc"]) == 2
+    assert "--profile:" in capsys.readouterr().err
+    assert main(["--results", str(results), "validate", str(ok), "--profile", "my prof"]) == 2
+    assert "--profile:" in capsys.readouterr().err
+    assert _tree(tmp_path) == before
+    with pytest.raises(StudyError):  # the folder guard below every writer
+        Layout(root=results).study_dir("../esc")
+
+
+@pytest.mark.parametrize("name", ["..", "."])
+def test_a_name_of_only_dots_is_refused(tmp_path, capsys, name):
+    """`name: ".."` passed the pattern; aggregate then wrote into the results root itself."""
+    spec = write(tmp_path, f"name: '{name}'\n{SMALL}")
+    results = tmp_path / "results"
+    assert main(["--results", str(results), "aggregate", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "name:" in err and "not only dots" in err, err
+    assert not results.exists()
+
+
+NON_FINITE = {
+    "amount_inf": ("  train: {amount: .inf}", "train.amount", "a finite number > 0"),
+    "weight_decay_inf": ("  train: {weight_decay: .inf}", "train.weight_decay", "a finite number >= 0"),
+    "lr_nan": ("  train: {lr: .nan}", "train.lr", "a finite number > 0 and <= 1"),
+    "factor_level_inf": ("factors:\n  masking.rate: [0.1, -.inf]", "masking.rate", "a finite number"),
+    "search_high_inf": ("search: {params: {masking.rate: {low: 0.1, high: .inf}}}",
+                        "search.params.masking.rate.high", "a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NON_FINITE))
+def test_a_non_finite_number_is_refused_naming_the_field(tmp_path, capsys, case):
+    """.inf and .nan validated (then `plan` died with an OverflowError; `lr: .nan` said "should be <= 1")."""
+    text, field, allowed = NON_FINITE[case]
+    path = write(tmp_path, f"name: t\n{SMALL}{text}\n")
+    results = tmp_path / "results"
+    assert main(["--results", str(results), "plan", str(path), "--no-time"]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}:" in err and f"(allowed: {allowed}" in err and "Traceback" not in err, err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("text, field", [
+    ("  seed: 3\n", "defaults.seed"),
+    ("profiles:\n  cpu: {seed: 3}\n", "profiles.cpu.seed"),
+    ("runs:\n  - {label: a, set: {seed: 3}}\n", "runs[0].set.seed")])
+def test_a_seed_outside_seeds_is_refused(tmp_path, capsys, text, field):
+    """A `seed` anywhere but `seeds:` was overwritten by it without a word (factors.seed already failed)."""
+    err = _rejects(tmp_path, capsys, f"name: t\n{SMALL}{text}", field)
+    assert "the spec's `seeds:` list" in err, err
+
+
+@pytest.mark.parametrize("profile, field", [("{model.layerz: 3}", "profiles.cpu.model.layerz"),
+                                            ("{model.layers: 0}", "profiles.cpu.model.layers")])
+def test_validate_without_a_profile_checks_every_profile(tmp_path, capsys, profile, field):
+    """`validate` without --profile reported ok for a spec whose cpu profile could never build a run."""
+    err = _rejects(tmp_path, capsys, f"name: t\n{SMALL}profiles:\n  gpu: {{}}\n  cpu: {profile}\n", f"{field}:")
+    assert "did you mean 'model.layers'" in err or "an integer >= 1 and <= 48" in err, err
+
+
+def test_validate_checks_the_shipped_profiles_without_their_corpus_files(tmp_path, monkeypatch, capsys):
+    """The profile sweep reads no corpus file (the cpu profiles' ../shared/data is absent on CI)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", *map(str, sorted((REPO / "ablations").glob("*.yaml")))]) == 0, capsys.readouterr().err
+
+
+MESSAGES = {  # (spec text, what the message must say)
+    "report_key": ("report: {primary_metrc: ref_ppl}", ["report.primary_metrc:", "did you mean 'report.primary_metric'",
+                                                        "allowed: kind, primary_metric, x, hue, compare, references"]),
+    "search_key": ("search: {params: {masking.rate: {loww: 0.1, high: 0.2}}}",
+                   ["did you mean 'search.params.masking.rate.low'", "allowed: type, low, high, step, log, choices"]),
+    "corpus_key": ("defaults:\n  corpus: {sources: [{kind: text, pathh: x}]}",
+                   ["did you mean 'corpus.sources.0.path'", "allowed: kind, path, name"]),
+    "top_key": ("factr: {}", ["did you mean 'factors'", "allowed: name, question, base, defaults, factors, design, "
+                              "runs, seeds, profiles, report, search)"]),
+    "both_bounds": ("defaults:\n  masking: {rate: 0}", ["masking.rate:", "allowed: a number > 0 and < 1"]),
+    "equal_levels": ("factors:\n  model.layers: [1, 1.0]", ["factors.model.layers:", "equal once resolved",
+                                                          "allowed: distinct values"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MESSAGES))
+def test_messages_name_the_sections_keys_both_bounds_and_why(tmp_path, capsys, case):
+    text, needles = MESSAGES[case]
+    err = _rejects(tmp_path, capsys, f"name: t\n{text}\n", needles[0])
+    assert all(n in err for n in needles), err

@@ -232,3 +232,14 @@ def test_detect_plan_picks_the_sd_and_refuses_what_it_cannot_know():
     with pytest.raises(StudyError) as e:
         S.detect_plan("0.5", sd=None, measured=None, bounded=False)
     assert e.value.field == "--sd"
+
+
+def test_detect_refuses_an_effect_wider_than_the_metric():
+    """`--detect 200pp` on a score in [0, 1] answered "3 seeds": no two levels can differ by more than 100 pp."""
+    for text in ("200pp", "101pp", "1.5"):
+        with pytest.raises(StudyError) as e:
+            S.detect_plan(text, sd=0.01, measured=None, bounded=True)
+        assert e.value.field == "--detect" and "at most 100pp" in e.value.allowed
+    assert S.detect_plan("100pp", sd=0.01, measured=None, bounded=True)["seeds"]
+    assert S.detect_plan("150pp", sd=0.01, measured=None, bounded=True, span=2.0)["seeds"]   # a correlation
+    assert S.detect_plan("200", sd=1.0, measured=None, bounded=False)["seeds"]   # unbounded: any size

@@ -168,3 +168,65 @@ def test_data_stages_digest_every_module_prepare_imports():
     assert "study/data/masking.py" in files and "study/io.py" in files  # it followed the lazy imports
     uncovered = _uncovered(files, DATA_CODE)
     assert not uncovered, f"the data stages do not depend on {uncovered}"
+
+
+def _selected(repo: Path, *names: str) -> list[str]:
+    """Specs a and b in ablations/, `names` selected and synced; the CLI arguments that go with them."""
+    for n in ("a", "b"):
+        (repo / "ablations" / f"{n}.yaml").write_text(_spec(n))
+    args = ["--ablations", str(repo / "ablations"), "--out", str(repo / "study_runs.yaml")]
+    (repo / "params.yaml").write_text("# my note\nstudies:\n" + "".join(f"- {n}  # why {n}\n" for n in names))
+    assert study_main(["sync", *args]) == 0
+    return args
+
+
+def _files(repo: Path) -> dict:
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in repo.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("text", [b"studies: [a\n", b"\xff\xfestudies: [a]\n", b"- a\n- b\n"])
+def test_a_broken_params_yaml_exits_2_naming_it(repo: Path, capsys, text):
+    """A YAML error or non-UTF-8 bytes in params.yaml were a traceback; a top-level list silently selected
+    every spec. sync, select and deselect now exit 2 naming params.yaml and `studies`, writing nothing."""
+    args = _selected(repo, "a")
+    (repo / "params.yaml").write_bytes(text)
+    before = _files(repo)
+    for argv in (["sync"], ["select", "b"], ["deselect", "a"]):
+        capsys.readouterr()
+        assert study_main([*argv, *args]) == 2, argv
+        err = capsys.readouterr().err
+        assert "params.yaml: studies:" in err and "Traceback" not in err, err
+    assert _files(repo) == before
+
+
+def test_deselect_checks_the_remaining_studies_before_writing(repo: Path, capsys):
+    """With b broken, `deselect a` exited 2 after params.yaml had already lost a."""
+    args = _selected(repo, "a", "b")
+    (repo / "ablations" / "b.yaml").write_text("name: b\nfactors: {model.layerz: [1]}\n")
+    before = _files(repo)
+    assert study_main(["deselect", "a", *args]) == 2
+    assert "model.layerz" in capsys.readouterr().err
+    assert _files(repo) == before
+
+
+def test_selecting_a_selected_study_changes_nothing(repo: Path, capsys):
+    """`select a` when a was selected rewrote params.yaml and dropped its comments."""
+    args = _selected(repo, "a")
+    before = _files(repo)
+    capsys.readouterr()
+    assert study_main(["select", "a", *args]) == 0
+    assert "a is already selected" in capsys.readouterr().out
+    assert _files(repo) == before
+
+
+def test_select_refuses_a_profile_that_needs_quoting(repo: Path, capsys):
+    """`select a --profile "my prof"` would put an unquoted `--profile my prof` into dvc.yaml's commands."""
+    args = _selected(repo, "a")
+    (repo / "ablations" / "b.yaml").write_text(_spec("b").replace("seeds:", "profiles:\n  my prof: {}\nseeds:"))
+    before = _files(repo)
+    for argv in (["select", "a", "--profile", "my prof"], ["select", "a@my prof"]):
+        assert study_main([*argv, *args]) == 2
+        assert "--profile:" in capsys.readouterr().err
+    assert study_main(["select", "b", *args]) == 2   # nor can a spec define such a profile
+    assert "profiles.my prof:" in capsys.readouterr().err
+    assert _files(repo) == before

@@ -69,15 +69,17 @@ class StudyFiles:
 
 def load_study_dir(study_dir: str | Path) -> StudyFiles:
     study_dir = Path(study_dir)
-    if not (study_dir / "study.json").exists():
-        raise StudyError(f"no aggregate at {study_dir} (study.json missing); run `study aggregate` first",
-                         field="study_dir")
-    study = read_json(study_dir / "study.json")
+    try:  # missing, truncated or hand-edited (a JSONDecodeError traceback before): exit 2 naming the file
+        study = read_json(study_dir / "study.json")
+        if not isinstance(study, dict) or not isinstance(study.get("plan"), dict):
+            raise ValueError("not an aggregate's study.json")
+    except (OSError, ValueError) as exc:
+        what = "missing" if isinstance(exc, FileNotFoundError) else f"unreadable: {exc}"
+        raise StudyError(f"no aggregate at {study_dir} (study.json {what}); run `study aggregate` to write it",
+                         source=str(study_dir / "study.json")) from None
     keys = study.get("factor_keys") or sorted({k for r in study["plan"].get("runs", []) for k in r.get("factors", {})})
-    trials = None
-    tpath = study_dir.parent.parent / "search" / study["plan"]["name"] / "trials.csv"
-    if tpath.exists():
-        trials = _read_csv(tpath)
+    tpath = study_dir.parent.parent / "search" / str(study["plan"].get("name")) / "trials.csv"
+    trials = _read_csv(tpath) if tpath.exists() else None
     return StudyFiles(dir=study_dir, study=study, summary=_read_csv(study_dir / "summary.csv"),
                       comparisons=_read_csv(study_dir / "comparisons.csv"),
                       baseline=_read_csv(study_dir / "baseline.csv"), runs=_read_csv(study_dir / "runs.csv"),

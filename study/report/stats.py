@@ -291,16 +291,20 @@ def parse_effect(text: str) -> tuple[float, bool]:
 
 
 def detect_plan(effect_text: str, *, sd: float | None, measured: dict | None, bounded: bool,
-                alpha: float = ALPHA, power: float = POWER) -> dict:
+                alpha: float = ALPHA, power: float = POWER, span: float = 1.0) -> dict:
     """`study plan --detect`: pre-training seeds a paired t-test needs to detect an effect.
 
     The SD of paired differences comes from `--sd` when given, else the study's own measurement
     (`measured`: the primary comparison's sd_diff and n from its aggregate), else the stated pilot
-    default, which exists only for a score in [0, 1] (`bounded`)."""
+    default, which exists only for a score in [0, 1] (`bounded`). `span`: the widest difference a bounded
+    metric allows (1 for a proportion, 2 for a correlation in [-1, 1])."""
     effect, in_pp = parse_effect(effect_text)
     if in_pp and not bounded:
         raise StudyError(f"{effect_text!r} is in percentage points but the primary metric is not a score in [0, 1]",
                          field="--detect", allowed="a number in the metric's own units, e.g. 0.5")
+    if bounded and abs(effect) > span:  # 200pp on a proportion answered "3 seeds": no two levels differ so much
+        raise StudyError(f"{effect_text!r} is wider than the metric's whole range", field="--detect",
+                         allowed=f"a difference of at most {100 * span:g}pp ({span:g} in the metric's units), e.g. 1pp")
     if sd is not None:
         source, s = "--sd", float(sd)
     elif measured:

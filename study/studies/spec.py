@@ -16,7 +16,6 @@ and is raised before anything is written.
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
 import typing
 from dataclasses import dataclass, field
@@ -27,12 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from study.config import CROSS_FIELD, SEEDS_ALLOWED, RunConfig, SeedList
 from study.data.corpus import with_fingerprint
-from study.downstream.tasks import get_task
 from study.errors import StudyError
-from study.metrics import parse_metric
 from study.paths import Layout
 from study.report import references
 from study.rundir import RunDir
+from study.studies.checks import (check_finite_search, check_inert_factors, check_names, check_one_finetune_recipe,
+                                  check_report_hints, reject_resolved_keys, reject_seed_keys, suggest)
 from study.studies.searchspec import SearchSpec
 from study.studies.specyaml import clip, read_yaml, short
 
@@ -166,12 +165,6 @@ def known_keys() -> list[str]:
     return keys
 
 
-def suggest(word: str, options: list[str]) -> str:
-    """'; did you mean X?' for the closest option, or '' when none is close."""
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
-
-
 def set_dotted(tree: dict, key: str, value: Any, source: str) -> None:
     """Set a dotted spec key (`masking.rate`) in a config tree; an unknown key is a StudyError."""
     known = known_keys()
@@ -207,22 +200,27 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "",
     if e["type"] == CROSS_FIELD:  # a rule between fields (config.py) names the field it blames itself
         loc, allowed = e["ctx"]["field"], e["ctx"]["allowed"]
     loc = f"{prefix}{loc}" if prefix else loc
+    parts = [p for p in e["loc"] if not str(p).startswith("function-")]
     if e["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
-        options = [k for k in known_keys() if k.startswith(parent + ".")] if parent else \
-            list(SpecFile.model_fields) + list(RunConfig.model_fields)
+        fields = _fields_at(model, parts)  # the keys of the section the unknown key sits in
+        options = [f"{parent}.{f}" if parent else f for f in fields] if fields is not None else \
+            [k for k in known_keys() if k.startswith(parent + ".")] if parent else list(SpecFile.model_fields)
         msg = f"unknown key{suggest(loc, options)}"
         allowed = ", ".join(o.rsplit(".", 1)[-1] for o in options)
     elif e["type"] == "literal_error":
         allowed = e["ctx"]["expected"]
         msg = f"got {short(e['input'])}"
     elif "ctx" in e and e["type"] in _BOUNDS:
-        msg = f"got {short(e['input'])}: {msg}"
-        allowed = " ".join(f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX if c in e["ctx"])
+        msg = f"got {short(e['input'])}: {msg}"  # both bounds where the field has two (0 < rate < 1)
+        allowed = accepts(model, parts) or " ".join(f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX
+                                                    if c in e["ctx"])
     elif e["type"] not in (CROSS_FIELD, "missing") and "input" in e and not isinstance(e["input"], dict):
         msg = f"got {short(e['input'])}: {msg}"  # bounded: the input may be a whole (aliased) subtree
         if e["type"].endswith(_TYPE_ERRORS):  # pydantic names the type it wanted, not the field's range
-            allowed = accepts(model, [p for p in e["loc"] if not str(p).startswith("function-")])
+            allowed = accepts(model, parts)
+        elif e["type"] == "finite_number":  # .inf / .nan (config.py's Strict models refuse them)
+            allowed = (accepts(model, parts) or "a number").replace("a number", "a finite number", 1)
     if set(str(p) for p in e["loc"]) & _SEED_FIELDS:
         allowed = SEEDS_ALLOWED
     return StudyError(msg, field=loc or None, allowed=allowed, source=source)
@@ -233,6 +231,28 @@ _BOUND_CTX = (("greater_than", "gt"), ("greater_than_equal", "ge"), ("less_than"
 _SEED_FIELDS = {"seed", "seeds", "split_seed", "best_seeds"}
 _TYPE_ERRORS = ("_parsing", "_type", "_from_float")
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _fields_at(model: Any, loc: list) -> list[str] | None:
+    """The field names of the model holding loc's last key (through nested models, lists, dicts and
+    optionals); None where the path leaves the models."""
+    ann, parts = model, list(loc[:-1])
+    while True:
+        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        if typing.get_origin(ann) in (list, dict):
+            if not parts:
+                return None
+            ann, parts = args[-1], parts[1:]  # past an index or a key
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            if not parts:
+                return list(ann.model_fields)
+            if str(parts[0]) not in ann.model_fields:
+                return None
+            ann, parts = ann.model_fields[str(parts[0])].annotation, parts[1:]
+        elif typing.get_origin(ann) is not None and len(args) == 1:  # X | None
+            ann = args[0]
+        else:
+            return None
 
 
 def accepts(model: type[BaseModel] | None, loc: list) -> str | None:
@@ -257,12 +277,14 @@ def accepts(model: type[BaseModel] | None, loc: list) -> str | None:
     return text + (", or null" if optional else "")
 
 
-def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source: str) -> RunConfig:
+def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source: str,
+                     fingerprint: bool = True) -> RunConfig:
     """The RunConfig of one run: the resolved `defaults` with the dotted `settings` set and `seed`.
 
     The one construction of a run from a spec: `load_study` builds every planned run with it and a
     search trial too (study/search/objective.py), so a trial with a grid run's values is that run.
     An unknown key or an invalid value is a StudyError naming the dotted field and `source`.
+    fingerprint=False leaves corpus.fingerprint unset (no file read): for checking values only.
     """
     tree = copy.deepcopy(defaults)
     for key, value in settings.items():
@@ -272,29 +294,9 @@ def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source
         cfg = RunConfig.model_validate(tree)
     except ValidationError as err:
         raise pydantic_error(err, source, model=RunConfig) from None
+    if not fingerprint:
+        return cfg
     return with_fingerprint(cfg, source)  # the corpus contents enter the run hash; a missing source fails here
-
-
-# Keys a spec may not set: resolved from the files when runs are built (study/config.py says why).
-RESOLVED_KEYS = ("corpus.fingerprint",)
-
-
-def _reject_resolved_keys(spec: SpecFile, source: str) -> None:
-    """A fingerprint written by hand would name data the files may not hold: refuse it wherever a spec
-    can set a key (defaults, profiles, factors, runs, search parameters)."""
-    where: list[tuple[str, dict]] = [("defaults.", {f"{sec}.{k}": v for sec, d in spec.defaults.items()
-                                                     if isinstance(d, dict) for k, v in d.items()}),
-                                     ("factors.", spec.factors)]
-    where += [(f"profiles.{name}.", keys) for name, keys in spec.profiles.items()]
-    where += [(f"runs[{i}].set.", run.set) for i, run in enumerate(spec.runs)]
-    if spec.search is not None:
-        where.append(("search.params.", spec.search.params))
-    for prefix, keys in where:
-        for key in RESOLVED_KEYS:
-            if key in keys:
-                raise StudyError("is computed from the corpus files when the runs are built, never written in a "
-                                 "spec", field=prefix + key, source=source,
-                                 allowed="corpus.sources and the other corpus keys; remove this one")
 
 
 def _base_file(path: Path, spec: SpecFile) -> Path:
@@ -333,7 +335,8 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
         spec = SpecFile.model_validate(raw)
     except ValidationError as err:
         raise pydantic_error(err, str(path), model=SpecFile) from None
-    _reject_resolved_keys(spec, str(path))
+    for check in (check_names, reject_resolved_keys, reject_seed_keys, check_finite_search):
+        check(spec, str(path))
     defaults: dict = {}
     profiles: dict = {}
     if spec.base is not None:
@@ -362,7 +365,12 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
                     raise StudyError(f"unknown key{suggest(f'{section}.{key}', known_keys())}",
                                      field=f"defaults.{section}.{clip(str(key))}", source=str(path),
                                      allowed=", ".join(model.model_fields))
+    known = known_keys()
     for name, settings in spec.profiles.items():
+        for key in settings:  # here, so that a typo in a profile no command selects still fails, naming its file
+            if key not in known:
+                raise StudyError(f"unknown key{suggest(str(key), known)}", field=f"profiles.{name}.{clip(str(key))}",
+                                 source=str(path), allowed="dotted keys such as masking.rate, model.layers")
         profiles[name] = {**profiles.get(name, {}), **settings}
     spec.profiles = profiles
     return spec, _deep_merge(defaults, spec.defaults)
@@ -372,10 +380,13 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     for key, levels in spec.factors.items():
         if not levels:
             raise StudyError("empty list of levels", field=f"factors.{key}", source=source)
-        if len({repr(v) for v in levels}) != len(levels):
-            raise StudyError("duplicate levels", field=f"factors.{key}", source=source)
-        if key == "seed":
-            raise StudyError("use `seeds:` for pre-training seeds, not a factor", field="factors.seed", source=source)
+        seen: dict = {}
+        for v in levels:  # 1 and 1.0 are one level once resolved (as aggregate rows compare them too)
+            k = ("num", v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (type(v).__name__, repr(v))
+            if k in seen:
+                raise StudyError(f"levels {short(seen[k], 40)} and {short(v, 40)} are equal once resolved: the same "
+                                 "runs twice", field=f"factors.{key}", source=source, allowed="distinct values")
+            seen[k] = v
     points: list[tuple[str, dict[str, Any]]] = []
     keys = list(spec.factors)
     if keys and spec.design == "grid":
@@ -398,115 +409,22 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     return points
 
 
-def _same_level(a: Any, b: Any) -> bool:
-    """Level equality across the YAML -> JSON -> CSV round trip: 2 == 2.0, but 'nsp' != 'none'."""
-    numeric = (int, float)
-    if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
-        return float(a) == float(b)
-    return type(a) is type(b) and a == b
+def _same_run(first: tuple[str, dict], second: tuple[str, dict], spec: SpecFile, source: str) -> None:
+    """Two design points that build one config: name the factor whose levels collapse where it is one."""
+    (la, a), (lb, b) = first, second
+    keys = [k for k in {**a, **b} if k not in a or k not in b or a[k] != b[k]]
+    if len(keys) == 1 and keys[0] in spec.factors:
+        raise StudyError(f"levels {short(a.get(keys[0]), 40)} and {short(b.get(keys[0]), 40)} give the same run "
+                         f"config (runs '{la}' and '{lb}'): another setting makes this key inert, or the value "
+                         "is normalised to another level", field=f"factors.{keys[0]}", source=source,
+                         allowed="levels that change the run")
+    raise StudyError(f"runs '{la}' and '{lb}' resolve to the same config", field="factors", source=source,
+                     allowed="design points that differ in the run")
 
 
-# A factor key that changes nothing unless another setting has one of these values: varying it elsewhere
-# trains identical models under different run hashes and compares noise with itself.
-INERT_UNLESS = {"masking.span_p": ("masking.unit", ("span",)), "masking.span_max": ("masking.unit", ("span",)),
-                "objective.short_seq_prob": ("objective.format", ("segment_pair",))}  # instances.target_len
-
-
-def check_inert_factors(study: Study) -> None:
-    """A design point that sets an INERT_UNLESS key where its governing setting makes it inert is an error."""
-    for run in study.runs:
-        for key in run.factors:
-            if key not in INERT_UNLESS:
-                continue
-            gov, live = INERT_UNLESS[key]
-            section, name = gov.split(".")
-            have = getattr(getattr(run.config, section), name)
-            if have not in live:
-                raise StudyError(f"has no effect in run '{short(run.label, 60)}': its {gov} is {have}, so the "
-                                 f"runs that differ only here would be the same model", field=key,
-                                 source=str(study.path), allowed=f"{gov}: {' or '.join(live)} in the runs that "
-                                                                  f"set it, or drop {key} from the factors")
-
-
-def check_one_finetune_recipe(first: PlannedRun, run: PlannedRun, source: str) -> None:
-    """Every run of a study is fine-tuned with one recipe: the plan holds one finetune_hash and the aggregate
-    reads results under it only, so a run with another would silently lose its fine-tune rows. Checked on
-    every design point as it is built, before one that only changes fine-tuning is merged as the same run."""
-    if first.config.finetune_hash() == run.config.finetune_hash():
-        return
-    fa, fb = first.config.finetune, run.config.finetune
-    key = next((k for k in type(fa).model_fields
-                if k not in ("seeds", "tasks", "glue_dir") and getattr(fa, k) != getattr(fb, k)), "recipe")
-    raise StudyError(f"runs '{clip(first.label)}' ({short(getattr(fa, key, '...'), 40)}) and '{clip(run.label)}' "
-                     f"({short(getattr(fb, key, '...'), 40)}) differ here: every run of a study is fine-tuned with one "
-                     f"recipe (one finetune_hash), so the report would drop the other runs' fine-tune results",
-                     field=f"finetune.{key}", source=source,
-                     allowed="one value for every run (set it in defaults); vary it across specs")
-
-
-def check_report_hints(study: Study) -> None:
-    """report.x, hue, compare and primary_metric checked against what the study's runs will produce.
-
-    The aggregate (study/report/aggregate.py `collect`) makes one column per factor key, i.e. every
-    dotted key a design point sets, next to `label`; the figures draw against `x` among those columns
-    (a search also against its searched keys), and `compare` pairs level `a` with level `b` of one
-    column by pre-training seed. Checked here, a typo costs a second instead of a whole study: the
-    aggregate would only find it after every run and fine-tuning, and stop with partial tables.
-    """
-    hints, source = study.spec.report, str(study.path)
-    levels: dict[str, list[Any]] = {"label": []}
-    for run in study.runs:
-        for key, value in (("label", run.label), *run.factors.items()):
-            if not any(_same_level(value, seen) for seen in levels.setdefault(key, [])):
-                levels[key].append(value)
-    columns = sorted(k for k in levels if k != "label") + ["label"]
-    searched = list(study.spec.search.params) if study.spec.search is not None else []
-    for name in ("x", "hue"):
-        value = getattr(hints, name)
-        if value is not None and value not in columns + searched:
-            raise StudyError(f"'{short(value, 60)}' is not a factor of this study{suggest(value, columns + searched)}",
-                             field=f"report.{name}", source=source, allowed=", ".join(columns + searched))
-    if hints.compare is not None:
-        _check_compare(hints.compare, levels, columns, source)
-    tasks: dict[str, tuple[str, ...]] = {}
-    for run in study.runs:
-        tasks.update({t: get_task(t).metrics for t in run.config.finetune.tasks})
-    metric = parse_metric(hints.primary_metric, field="report.primary_metric", source=source, tasks=tasks)
-    if metric.name == "sentence_acc" and all(r.config.objective.sentence == "none" for r in study.runs):
-        raise StudyError("no run has a sentence task (objective.sentence is none everywhere)",
-                         field="report.primary_metric", source=source,
-                         allowed="ref_ppl, ref_mlm_loss, ref_mlm_acc or a downstream TASK/MODE/METRIC")
-    if metric.mode == "probe" and not any(r.config.finetune.probe for r in study.runs):
-        raise StudyError(f"'{hints.primary_metric}' is a probe score but finetune.probe is false in every run",
-                         field="report.primary_metric", source=source,
-                         allowed=f"{metric.task}/finetune/{metric.name}, or set finetune.probe: true")
-
-
-def _check_compare(compare: dict[str, Any], levels: dict[str, list[Any]], columns: list[str], source: str) -> None:
-    for key in compare:
-        if key not in ("factor", "a", "b"):
-            raise StudyError(f"unknown key{suggest(str(key), ['factor', 'a', 'b'])}",
-                             field=f"report.compare.{clip(str(key))}", source=source, allowed="factor, a, b")
-    for key in ("factor", "a", "b"):
-        if key not in compare:
-            raise StudyError("missing: compare needs a factor and two of its levels", field=f"report.compare.{key}",
-                             source=source, allowed="{factor: KEY, a: LEVEL, b: LEVEL}")
-    factor = compare["factor"]
-    if not isinstance(factor, str) or factor not in columns:
-        raise StudyError(f"{short(factor, 60)} is not a factor of this study{suggest(str(factor), columns)}",
-                         field="report.compare.factor", source=source, allowed=", ".join(columns))
-    shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (" ..." if len(levels[factor]) > 20 else "")
-    for key in ("a", "b"):
-        if not any(_same_level(compare[key], v) for v in levels[factor]):
-            raise StudyError(f"{short(compare[key], 60)} is not a level of {factor}", field=f"report.compare.{key}",
-                             source=source, allowed=shown)
-    if _same_level(compare["a"], compare["b"]):
-        raise StudyError("a and b are the same level: the paired difference would be zero by construction",
-                         field="report.compare.b", source=source, allowed=f"a level of {factor} other than a")
-
-
-def load_study(path: str | Path, profile: str | None = None) -> Study:
-    """Parse, resolve and validate a spec; every run's config is checked here, before any work."""
+def load_study(path: str | Path, profile: str | None = None, fingerprint: bool = True) -> Study:
+    """Parse, resolve and validate a spec; every run's config is checked here, before any work.
+    fingerprint=False: every check but the corpus files' (their fingerprint stays unset, so do the hashes)."""
     path = Path(path)
     spec, defaults = _resolve_defaults(path)
     source = str(path)
@@ -522,22 +440,24 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
             raise StudyError(f"unknown paper reference {ref!r}{suggest(ref, known_refs)}",
                              field="report.references", source=source, allowed=", ".join(known_refs))
     study = Study(path=path, spec=spec, defaults=defaults, profile=profile)
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, dict]] = {}
     for label, setting in _design_points(spec, source):
         for seed in spec.seeds:
             try:
-                cfg = build_run_config(defaults, setting, seed, source)
+                cfg = build_run_config(defaults, setting, seed, source, fingerprint)
             except StudyError as exc:
                 where = f"run '{label}'" if setting else "defaults"
+                if profile is not None and exc.field in spec.profiles[profile] and exc.field not in setting:
+                    raise StudyError(f"{exc.message} (in {where}, set by profile {profile})", allowed=exc.allowed,
+                                     field=f"profiles.{profile}.{exc.field}", source=exc.source) from None
                 raise StudyError(f"{exc} (in {where})") from None
             run = PlannedRun(label=label, seed=seed, factors=setting, config=cfg)
             check_one_finetune_recipe(study.runs[0] if study.runs else run, run, source)
             if run.run_hash in seen and spec.design == "one_at_a_time" and not spec.runs:
                 continue  # a level equal to the base point is the base point
-            if run.run_hash in seen and seen[run.run_hash] != label:
-                raise StudyError(f"runs '{seen[run.run_hash]}' and '{label}' resolve to the same config",
-                                 field="factors", source=source)
-            seen[run.run_hash] = label
+            if run.run_hash in seen and seen[run.run_hash][0] != label:
+                _same_run(seen[run.run_hash], (label, setting), spec, source)
+            seen[run.run_hash] = (label, setting)
             study.runs.append(run)
     check_inert_factors(study)
     check_report_hints(study)
