@@ -31,7 +31,7 @@ NEG = ["bad", "awful", "poor", "dull", "terrible", "boring"]
 FILL = ["the", "movie", "film", "was", "plot", "a", "story", "actors", "really", "quite", "it", "is", "and",
         "with", "of", "this", "that", "scenes", "music", "ending"]
 KEYS = {"run_key", "task", "mode", "init", "seed", "metrics", "primary_metric", "primary", "n_train", "n_eval",
-        "finetune_hash", "task_data", "provenance"}
+        "finetune_hash", "task_data", "encoder_data", "provenance"}
 
 
 def sentence(rng, label: int) -> str:
@@ -397,6 +397,29 @@ def test_a_result_of_other_task_files_is_recomputed(done, tmp_path, monkeypatch)
     dev.write_text("".join(lines[:-25]))         # a corrected dev file: 75 rows, under the cap of 80
     again = finetune_run(cfg, layout, quiet=True)[0]
     assert calls == [1] and again["task_data"] != first["task_data"] and (first["n_eval"], again["n_eval"]) == (80, 75)
+
+
+
+def test_a_result_of_another_encoder_under_the_same_run_hash_is_recomputed(done, tmp_path, monkeypatch):
+    """A run folder deleted and trained again keeps its hash, but on a GPU not its weights: the results of
+    the old encoder were reused (keyed by run hash and recipe only). Each result now keeps the content hash
+    of the weights it was fine-tuned from (`encoder_data`) and is recomputed when they differ."""
+    from safetensors.torch import load_file, save_file
+    cfg = make_cfg(done["glue"], tasks=["SST-2"], seeds=[0], probe=False, epochs=1)
+    layout = Layout(root=tmp_path / "results")
+    model = layout.run_dir(cfg.run_hash()) / "model"
+    shutil.copytree(done["layout"].run_dir(cfg.run_hash()) / "model", model)
+    first = finetune_run(cfg, layout, quiet=True)[0]
+    calls = []
+    real = ft_mod._finetune_one
+    monkeypatch.setattr(ft_mod, "_finetune_one", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert finetune_run(cfg, layout, quiet=True)[0] == first and calls == []   # the same weights: reused
+    weights = load_file(model / "model.safetensors")
+    name = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[name] = weights[name] * 1.01          # "trained again": other weights under the same run hash
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    again = finetune_run(cfg, layout, quiet=True)[0]
+    assert calls == [1] and again["encoder_data"] != first["encoder_data"] and again["task_data"] == first["task_data"]
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -90,7 +90,7 @@ def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[di
         # the full pre-training class, of which fine-tuning keeps the encoder (with its pooler)
         return Encoder(tok, load_pretrained(model_dir, cfg.impl.attention, quiet).bert, str(model_dir))
 
-    return _run_all(cfg, layout, cfg.run_hash(), "pretrained", load, quiet)
+    return _run_all(cfg, layout, cfg.run_hash(), "pretrained", load, quiet, encoder_digest(model_dir))
 
 
 def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
@@ -254,7 +254,17 @@ def task_digest(spec: TaskSpec, glue_dir: str) -> str | None:
     return hash_obj([file_digest(f) for f in files], length=16) if all(f.is_file() for f in files) else None
 
 
-def _existing(path: Path, digest: str | None = None) -> dict | None:
+def encoder_digest(model_dir: Path) -> str | None:
+    """The content of a pre-trained run's weights, kept in each result (`encoder_data`): a run trained again
+    under the same hash (after its folder was deleted; on a GPU not bitwise the same) is fine-tuned again,
+    never matched with the old encoder's results. None where there are no weights yet."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    return hash_obj([file_digest(f) for f in files], length=16) if files else None
+
+
+def _existing(path: Path, want: dict[str, str | None] | None = None) -> dict | None:
+    """A finished result at `path`, unless it was made from other inputs than `want` says (task_data,
+    encoder_data): then it is recomputed. A result written before a key was kept has none: reused."""
     if not path.is_file():
         return None
     try:
@@ -263,12 +273,11 @@ def _existing(path: Path, digest: str | None = None) -> dict | None:
         return None   # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
     if "skipped" in res:
         return None
-    # of other task data: recompute (a result written before task_data was kept has none: reused)
-    return None if digest is not None and res.get("task_data", digest) != digest else res
+    return None if any(v is not None and res.get(k, v) != v for k, v in (want or {}).items()) else res
 
 
 def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], Encoder],
-             quiet: bool) -> list[dict]:
+             quiet: bool, encoder_data: str | None = None) -> list[dict]:
     quiet = quiet or not cfg.impl.progress
     ft = cfg.finetune
     specs = _validate(cfg)
@@ -276,13 +285,15 @@ def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Call
     modes = ["finetune"] + (["probe"] if ft.probe else [])
     rt = resolve(cfg.impl)  # where pre-training ran: the same device and precision rules
     with threads(cfg.impl.threads):
-        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt)
+        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, encoder_data)
 
 
-def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt) -> list[dict]:
+def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, encoder_data) -> list[dict]:
     ft = cfg.finetune
     plan = []   # (spec, paths, what): what = "done" | skip reason | (train, dev)
-    digests = {spec.name: task_digest(spec, ft.glue_dir) for spec in specs}
+    # what each task's results must have been made from
+    digests = {spec.name: {"task_data": task_digest(spec, ft.glue_dir), "encoder_data": encoder_data}
+               for spec in specs}
     for spec in specs:
         paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
         done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
@@ -328,13 +339,13 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
         m = out["metrics"]
         return {"run_key": run_key, "task": spec.name, "mode": mode, "init": init, "seed": seed, "metrics": m,
                 "primary_metric": spec.primary, "primary": m[spec.primary], "n_train": len(train),
-                "n_eval": len(dev), "finetune_hash": fh, "recipe": recipe, "task_data": digest,
+                "n_eval": len(dev), "finetune_hash": fh, "recipe": recipe, **digest,
                 "provenance": prov, "encoder": enc.source, **{k: v for k, v in out.items() if k != "metrics"}}
 
     def diverged(seed: int, exc: FloatingPointError) -> dict:
         print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
         return {"run_key": run_key, "task": spec.name, "mode": "finetune", "init": init, "seed": seed,
-                "diverged": str(exc), "finetune_hash": fh, "recipe": recipe, "task_data": digest,
+                "diverged": str(exc), "finetune_hash": fh, "recipe": recipe, **digest,
                 "provenance": prov, "encoder": enc.source}
 
     out: dict = dict(done)
