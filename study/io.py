@@ -7,6 +7,7 @@ the old file or no file, never half a file that looks complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -77,12 +78,37 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         faults.point("io.replace", str(final))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Put folder `tmp` in place of `final`. The old folder is renamed aside first (a reader never sees it
+    half deleted), and the rename is retried when another writer put its own folder there in between: two
+    commands rendering one report at once both succeed, the last one's folder stays (seen in CI: removing
+    the old folder, then renaming, failed "Directory not empty" when the other writer came in between)."""
+    asides = []
+    try:
+        for _ in range(20):
+            if final.exists():
+                aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+                try:
+                    os.replace(final, aside)   # onto an empty folder: allowed
+                except FileNotFoundError:      # the other writer moved it first
+                    pass
+                asides.append(aside)
+            try:
+                os.replace(tmp, final)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        raise OSError(errno.EBUSY, f"{final} kept being replaced by another writer")
+    finally:
+        for aside in asides:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager

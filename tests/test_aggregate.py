@@ -444,3 +444,27 @@ def test_a_deterministic_probe_of_one_random_baseline_is_one_unit_in_the_summary
     rnd = summ[(summ["init"] == "random") & (summ["metric"] == "accuracy")].set_index("mode")
     assert rnd.loc["probe", "n"] == 1 and np.isnan(rnd.loc["probe", "ci_low"])
     assert rnd.loc["finetune", "n"] == 3   # the fine-tune seeds differ: three units, as before
+
+
+def test_aggregate_carries_mlm_loss_finish_date_precision_and_fine_tune_commits(tmp_path):
+    """curves.csv keeps the MLM loss apart from the total (which adds NSP/SOP's), runs.csv the finish date
+    and precision of meta.json, and study.json each fine-tune result's git record (the report lists its commit)."""
+    layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
+    runs = [_fake_run(layout, f"nsp{seed}", "nsp", seed, 100.0, 0.7) for seed in (0, 1)]
+    d = layout.run_dir("nsp0")
+    (d / "history.jsonl").write_text(json.dumps({"step": 1, "tokens": 10, "loss": 5.7, "mlm_loss": 5.0,
+                                                 "sentence_loss": 0.7}) + "\n")
+    (d / "meta.json").write_text(json.dumps({"finished": "2026-01-02T03:04:05+00:00", "precision": "bf16"}))
+    f = layout.finetune_dir("nsp0") / "SST-2" / "ft" / "finetune-seed0.json"
+    res = json.loads(f.read_text())
+    f.write_text(json.dumps({**res, "provenance": {"git": {"commit": "f1e2", "dirty": None, "source": "git archive"}}}))
+    plan = {"name": "t", "question": "q", "kind": "generic", "primary_metric": "SST-2/finetune/accuracy",
+            "x": None, "hue": None, "finetune_hash": "ft", "runs": runs, "references": []}
+    out = aggregate_study(plan, layout)
+    curves = pd.read_csv(out / "curves.csv").set_index("run_hash")
+    assert curves.loc["nsp0", "mlm_loss"] == 5.0 and curves.loc["nsp0", "loss"] == 5.7
+    assert pd.isna(curves.loc["nsp1", "mlm_loss"])   # a history without the key: empty, not an error
+    r = pd.read_csv(out / "runs.csv").set_index("run_hash")
+    assert r.loc["nsp0", "finished"].startswith("2026-01-02") and r.loc["nsp0", "precision"] == "bf16"
+    ft = json.loads((out / "study.json").read_text())["finetune_provenance"]
+    assert ft == {"nsp0/SST-2/finetune/0": {"commit": "f1e2", "dirty": None, "source": "git archive"}}

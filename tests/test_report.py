@@ -146,6 +146,16 @@ def test_trend_when_levels_are_not_in_the_table():
     assert R.trend_pair(t6, [{"model.layers": 2}, {"model.layers": 2}]) is None
 
 
+def test_trend_comparison_names_no_confounder_its_rows_share():
+    """Layer 6 matches two Table 6 rows (A=3, A=12), so the level match is mixed and falls back to the
+    trend L=3 -> L=12 (both H=768 A=12): those rows differ only in layers, so nothing is confounded."""
+    t6 = R.load_reference("bert_table6")
+    out = R.paper_vs_ours(t6, [{"model.layers": 2}, {"model.layers": 6}, {"model.layers": 8}], {})
+    assert out["trend"] and out["confounders"] == []
+    _, conf = R.match_levels(t6, [{"model.layers": 3}, {"model.layers": 24}])  # H and A both change
+    assert conf == ["model.heads", "model.hidden"]
+
+
 def test_unknown_reference_in_plan_fails_before_writing(tmp_path):
     layout, plan, study_dir = rf.build(tmp_path, "nsp", seeds=(0,), failures=False)
     st = json.loads((study_dir / "study.json").read_text())
@@ -343,6 +353,32 @@ def test_an_interval_not_at_95_percent_says_its_level(rendered):
     assert re.search(r"95% CI \[[^\]]+\], n=3", answer), answer
 
 
+def test_git_archive_commit_reads_dirty_state_unknown_and_fine_tune_commits_are_listed():
+    """A `git archive` copy records dirty: null; printed bare, the commit would read as clean. The
+    fine-tune results' commits join the list (fine-tuning may have run on other code)."""
+    git = {"commit": "abc", "dirty": None, "source": "git archive"}
+    sf = StudyFiles(Path("."), {"plan": {"name": "t"}, "provenance": {"a": {"provenance": {"git": git}}},
+                                "finetune_provenance": {"a/SST-2/finetune/0": {"commit": "def", "dirty": True},
+                                                        "a/SST-2/finetune/1": git}}, *(pd.DataFrame(),) * 5)
+    assert provenance_section(sf)["commits"] == {
+        "abc (dirty state unknown: git archive)": "1 pre-training run(s), 1 fine-tune result(s)",
+        "def (dirty)": "1 fine-tune result(s)"}
+
+
+def test_runs_table_shows_each_runs_precision_and_finish_date(tmp_path):
+    """meta.json's precision and finish date reach the Provenance section's Runs table."""
+    from study.report.aggregate import aggregate_study
+    layout, plan, study_dir = rf.build(tmp_path, "nsp", seeds=(0,), failures=False)
+    h = plan["runs"][0]["run_hash"]
+    meta = layout.run_dir(h) / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "precision": "bf16",
+                                "finished": "2026-01-02T03:04:05+00:00"}))
+    aggregate_study(plan, layout)
+    html = render_report(study_dir, tmp_path / "out").read_text()
+    assert "<th scope=\"col\">precision</th><th scope=\"col\">finished</th>" in html
+    assert re.search(rf"{h}</td>.*?<td>bf16</td><td>2026-01-02T03:04:05\+00:00</td>", html, re.S)
+
+
 def test_runs_without_a_commit_are_a_provenance_warning(rendered):
     """A run that recorded no commit cannot be traced to code: the report says so in red, not as a
     quiet "unknown" line; runs that all recorded one get no warning."""
@@ -416,6 +452,22 @@ def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
     primary_rows = re.findall(r'<tr class="primary"><td>([^<]+)</td><td>([^<]+)</td><td>([^<]+)</td>', comp)
     assert primary_rows == [("SST-2", "finetune", "accuracy")] and "none (primary)" in comp
     assert f"Holm over {st['family']}" in comp
+
+
+def test_methods_say_other_comparisons_could_not_be_tested_at_n2():
+    """With n=2 there is no Holm family, but the table lists further rows: the sentence must not say
+    there are none."""
+    from study.report.render import methods_sentence
+    st = {"alpha": 0.05, "min_n": 3, "bootstrap_min_n": 50, "power": 0.8, "family": 0, "primary": None}
+    comps = pd.DataFrame({"metric": ["accuracy", "ref_ppl", "tokens_per_s"], "primary": [True, False, False],
+                          "n": [2, 2, 2]})
+    sf = StudyFiles(Path("."), {"plan": {"name": "t"}, "statistics": st}, pd.DataFrame(), comps,
+                    *(pd.DataFrame(),) * 3)
+    text = methods_sentence(sf)
+    assert "no other comparison could be tested (n<3; 1 other row in the table)" in text
+    assert "there are no other paired comparisons" not in text
+    sf.comparisons = comps.iloc[:1]
+    assert "there are no other paired comparisons to correct for." in methods_sentence(sf)
 
 
 def test_methods_state_the_pretraining_recipe(rendered, tmp_path):
@@ -840,3 +892,82 @@ def test_a_results_path_that_is_a_file_exits_2_naming_the_flag(tmp_path, capsys)
         assert main([flag, str(path), "aggregate", str(spec)]) == 2
         assert f"{flag}:" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "t.yaml"] and readme.read_text() == "notes\n"
+
+
+def test_paper_and_our_differences_share_one_unit_rule():
+    """The paper's Δ of a score (its table in percent) prints in pp like ours, and an unbounded difference
+    takes its value's precision (one decimal from 10 up): "-0.10" beside "+3.2 pp" read as two units."""
+    from study.report.fmt import fmt_diff
+    from study.report.papers import paper_diff_s
+    assert paper_diff_s(92.6 - 92.7, "accuracy") == "-0.1 pp" and paper_diff_s(-1.85, "ref_ppl") == "-1.85"
+    assert fmt_diff(-38.53, "ref_ppl") == "-38.5" and fmt_diff(-1.853, "ref_ppl") == "-1.85"
+
+
+def test_training_curves_plot_the_mlm_loss_and_mark_the_short_row_switch():
+    """The total loss adds NSP's (≈ ln 2) to one level only, so the figure plots the MLM loss (the total
+    beside it); the end of the train.short_len warmup is a vertical line, said in the caption."""
+    from study.report import figures as F
+    rows = [{"run_hash": lab, "label": lab, "step": s, "tokens": 100 * s, "mlm_loss": 8.0 - s / 100,
+             "loss": 8.0 - s / 100 + (0.69 if lab == "nsp" else 0)}
+            for lab in ("nsp", "none") for s in range(10, 210, 10)]
+    plan = {"recipe": {"objective.sentence": ["nsp", "none"], "train.budget": ["steps"], "train.amount": [200.0],
+                       "train.short_fraction": [0.6], "train.short_len": [16]}}
+    d = F.training_curves(pd.DataFrame(rows), None, plan)
+    ax0, ax1 = d.fig.axes[:2]
+    assert ax0.get_ylabel() == "training MLM loss" and "total" in ax1.get_ylabel()
+    assert any(list(ln.get_xdata()) == [120.0, 120.0] for ln in ax0.get_lines())
+    assert "16 tokens (train.short_len)" in d.caption and "MLM loss alone" in d.caption
+    old = pd.DataFrame(rows).drop(columns="mlm_loss")
+    d = F.training_curves(old, None, {"recipe": {"objective.sentence": ["none"]}})
+    assert d.fig.axes[0].get_ylabel() == "training loss (MLM)"   # an older aggregate, no sentence task
+
+
+def test_paired_figure_labels_points_without_interval_and_marks_the_primary_row():
+    """n=2: bare dots under a caption about intervals read as intervals too small to see; each is labelled,
+    the primary row starred, and the y-range padded so no dot sits on the frame."""
+    from study.report import figures as F
+    nan = float("nan")
+    c = pd.DataFrame({"task": ["SST-2", "SST-2", "pretrain"], "mode": ["finetune", "probe", "pretrain"],
+                      "metric": ["accuracy", "accuracy", "ref_ppl"], "diff": [0.03, 0.02, -21.0],
+                      "ci_low": [nan] * 3, "ci_high": [nan] * 3, "n": [2, 2, 2], "primary": [True, False, False]})
+    d = F.paired_differences(c, {"compare": {"a": "nsp", "b": "none"}})
+    ax = d.fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["n=2: no interval"] * 2
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["SST-2 finetune accuracy ★", "SST-2 probe accuracy"]
+    assert ax.get_ylim()[0] < -0.5 and ax.get_ylim()[1] > 1.5 and "no interval" in d.caption
+
+
+def test_replacement_figure_draws_the_floor_and_keeps_its_legends_off_the_intervals():
+    """The reference-accuracy panel draws the most-frequent-token floor (runs.csv ref_mode_acc) dashed, as
+    curves.py does; legends sit below the panels (inside, they covered interval tops); tick labels end at
+    their tick."""
+    from study.report import figures as F
+    keys = list(F.REPLACEMENT_KEYS)
+    rows = [{"task": t, "mode": m, "metric": met, "init": "pretrained", "mean": v, "ci_low": v - 0.01,
+             "ci_high": v + 0.01, "n": 3, "masking.mask": mk, "masking.keep": 0.1, "masking.random": 0.9 - mk}
+            for mk in (0.8, 0.0) for t, m, met, v in (("pretrain", "pretrain", "ref_mlm_acc", 0.3),
+                                                      ("SST-2", "finetune", "accuracy", 0.7))]
+    d = F.replacement(pd.DataFrame(rows), {}, keys, pd.DataFrame({"ref_mode_acc": [0.05, 0.05]}))
+    ax = d.fig.axes[0]
+    assert any(ln.get_linestyle() == "--" and list(ln.get_ydata()) == [0.05, 0.05] for ln in ax.get_lines())
+    for a in d.fig.axes[:2]:
+        assert a.get_legend()._loc == 9 and a.get_legend().get_bbox_to_anchor()._bbox.y0 < 0
+        assert {t.get_ha() for t in a.get_xticklabels()} == {"right"}
+
+
+def test_report_is_readable_without_colour_or_images_and_defines_its_terms(rendered):
+    """Alt text says what a figure shows, the primary Summary row is marked in text (not only by colour),
+    tables carry caption/thead/scope; the glossary defines the formats, tasks, tests and hashes the page
+    uses, in the recipe's [MASK]/unchanged/random order."""
+    _, html, _ = rendered("nsp")
+    alts = re.findall(r'<img src="[^"]+" alt="([^"]+)"', html)
+    assert alts and all(": " in a and len(a) > 40 for a in alts)
+    summary = html.split('id="summary"')[1].split("<h2")[0]
+    assert '<tr class="primary">' in summary and "★ primary</b>" in summary
+    assert html.count("<table>") == html.count("<caption>") == html.count("<thead>")
+    assert '<th scope="col">level</th>' in summary
+    glossary = html.split('id="glossary"')[1].split("</details>")[0]
+    for term in ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences", "sop", "Holm", "Welch",
+                 "BCa", "design point", "run hash", "data hash", "fine-tune recipe hash", "<dt>std</dt>"):
+        assert term in glossary, term
+    assert "[MASK]/unchanged/random" in glossary and "[MASK]/random/unchanged" not in glossary

@@ -112,7 +112,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         if key not in plan:
             raise StudyError("missing from the study plan", field=key)
     factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
-    tidy, runs, curves, ft_problems = [], [], [], []
+    tidy, runs, curves, ft_problems, ft_prov = [], [], [], [], {}
     eval_rows: dict[str, set] = {}   # task -> the dev rows its scores were computed on (the report's recipe)
     for r in plan["runs"]:
         # Run folders are read with study/rundir.py's one error policy (a damaged status.json is "pending").
@@ -126,6 +126,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                      "step": step, "params": meta.get("params", metrics.get("params")),
                      "tokens_per_s": metrics.get("tokens_per_s"), "wall_s": meta.get("wall_s"),
                      "device": meta.get("device"), "data_hash": meta.get("data_hash"),
+                     "finished": meta.get("finished"), "precision": meta.get("precision"),
                      "tokens_seen": metrics.get("tokens_seen"), "steps": metrics.get("steps"),
                      "mfu": metrics.get("mfu"), "baseline_key": r.get("baseline_key"), "seed": r["seed"],
                      "ref_mlm_acc": metrics.get("ref_mlm_acc"), "ref_mode_acc": metrics.get("ref_mode_acc"),
@@ -143,7 +144,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                                  "init": "pretrained", "metric": m, "value": float(metrics[m])})
         for ev in rd.loss_curve():
             curves.append({"run_hash": r["run_hash"], "label": r["label"], "step": ev["step"],
-                           "tokens": ev.get("tokens"), "loss": ev["loss"]})
+                           "tokens": ev.get("tokens"), "loss": ev["loss"], "mlm_loss": ev.get("mlm_loss")})
         keys = [(r["run_hash"], "pretrained")]
         if r.get("baseline_key"):
             keys.append((r["baseline_key"], "random"))
@@ -161,6 +162,8 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                                         "init": res.get("init", init), "task": res["task"], "mode": res["mode"],
                                         "seed": res["seed"], "error": res["diverged"]})
                     continue
+                if isinstance(res.get("provenance"), dict):  # the report lists fine-tuning's commits too
+                    ft_prov[f"{run_key}/{res['task']}/{res['mode']}/{res['seed']}"] = res["provenance"].get("git")
                 if isinstance(res.get("n_eval"), int):
                     eval_rows.setdefault(res["task"], set()).add(res["n_eval"])
                 for m, v in res["metrics"].items():
@@ -171,10 +174,11 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
     cols = ["run_hash", "source_key", "label", "status", "pretrain_seed", "finetune_seed", "task", "mode", "init",
             "metric", "value", *factor_keys]
     return {"tidy": pd.DataFrame(tidy, columns=cols), "runs": pd.DataFrame(runs),
-            "curves": pd.DataFrame(curves, columns=["run_hash", "label", "step", "tokens", "loss"]),
+            "curves": pd.DataFrame(curves, columns=["run_hash", "label", "step", "tokens", "loss", "mlm_loss"]),
             # a random-init baseline shared by several runs is one model: listed once
             "finetune_problems": list({(p["source_key"], p["task"], p["mode"], p["seed"]): p
                                        for p in ft_problems}.values()),
+            "finetune_provenance": ft_prov,  # result file -> its git record
             "factor_keys": factor_keys, "eval_rows": {t: sorted(v) for t, v in sorted(eval_rows.items())}}
 
 
@@ -524,6 +528,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
     atomic_write_json(out / "study.json", {"plan": plan, "provenance": provenance, "answer": answer,
                                            "factor_keys": c["factor_keys"], "configs": _run_configs(plan, layout),
                                            "finetune_problems": c["finetune_problems"], "eval_rows": c["eval_rows"],
+                                           "finetune_provenance": c["finetune_provenance"],
                                            "ci_method": STATS_METHOD, "test": STATS_TEST,
                                            "statistics": statistics_note(comps)})
     return out

@@ -43,6 +43,7 @@ class Drawn:
     caption: str
     fig: plt.Figure | None = None
     skipped: str | None = None
+    rect: tuple = (0, 0, 1, 1)   # tight_layout's box: room left below for legends kept out of the layout
 
 
 @dataclass
@@ -176,7 +177,23 @@ def _downstream_metrics(summary: pd.DataFrame, modes=("finetune",)) -> list[tupl
 
 
 # --------------------------------------------------------------------------- figures
-def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None) -> Drawn:
+def _short_switch_steps(curves: pd.DataFrame, recipe: dict) -> list[float]:
+    """Optimizer steps where the sequence-length warmup (train.short_len rows) ends, from the plan's
+    recipe: short_fraction of a steps budget, or the first logged step past that share of a tokens
+    budget; none for a time budget (its step is not in the plan) or without a warmup."""
+    fracs = [f for f in recipe.get("train.short_fraction") or [] if f]
+    budget, amounts = recipe.get("train.budget") or [], recipe.get("train.amount") or []
+    if not fracs or len(budget) != 1 or budget[0] not in ("steps", "tokens"):
+        return []
+    if budget[0] == "steps":
+        return sorted({f * a for f in fracs for a in amounts})
+    tok = curves.dropna(subset=["tokens"]).groupby("step")["tokens"].mean() if "tokens" in curves else pd.Series()
+    return sorted({float(tok.index[tok >= f * a][0]) for f in fracs for a in amounts if (tok >= f * a).any()})
+
+
+def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan: dict | None = None) -> Drawn:
+    recipe = (plan or {}).get("recipe") or {}
+    sentence = [x for x in recipe.get("objective.sentence") or [] if x not in (None, "none")]
     d = Drawn("training_curves", "Training loss", "Training loss per logged step: mean over seeds, the band spans "
               "the lowest to the highest seed, one line per design point.")
     if curves is None or curves.empty or curves["loss"].dropna().empty:
@@ -187,14 +204,38 @@ def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None) -> D
     if c.empty:
         d.skipped = "every logged loss is non-finite"
         return d
+    # The MLM loss alone is what compares across levels: the total adds NSP/SOP's loss (≈ ln 2 at chance)
+    # to the levels that have a sentence task, which reads as "trains worse". Older aggregates lack it.
+    has_mlm = "mlm_loss" in c and c["mlm_loss"].notna().any()
+    panels = [("mlm_loss", "training MLM loss")] if has_mlm else [
+        ("loss", "training loss (MLM + sentence task)" if sentence or not recipe else "training loss (MLM)")]
+    if has_mlm and sentence:
+        panels.append(("loss", "total training loss (MLM + sentence task)"))
     # x is the optimizer step: seeds log at the same steps, while their token counts differ slightly
     # (variable-length instances), and averaging over unaligned x values would draw a sawtooth.
-    fig, (ax,) = _fig(1, width=7.0, height=3.6)
-    # Min-max band, not a bootstrap: curves have hundreds of steps and the band is only a visual aid.
-    sns.lineplot(data=c, x="step", y="loss", hue="label", errorbar=("pi", 100), ax=ax)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (MLM + sentence task)")
-    ax.legend(fontsize=7, title=None)
+    fig, axes = _fig(len(panels), width=7.0 if len(panels) == 1 else 5.0, height=3.6)
+    switch = _short_switch_steps(c, recipe)
+    for ax, (col, ylabel) in zip(axes, panels):
+        # Min-max band, not a bootstrap: curves have hundreds of steps and the band is only a visual aid.
+        sns.lineplot(data=c.dropna(subset=[col]), x="step", y=col, hue="label", errorbar=("pi", 100), ax=ax)
+        for x in switch:
+            ax.axvline(x, ls=":", c="black", lw=1)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7, title=None)
+    if has_mlm and sentence:
+        d.caption += (" Left: the MLM loss alone, which compares across levels. Right: the total, which adds the "
+                      "sentence task's loss (about ln 2 = 0.69 at chance) to the levels that have one, so it sits "
+                      "higher there without the MLM training worse.")
+    elif has_mlm:
+        d.caption += " The loss is the MLM loss (no level has a sentence task)."
+    elif sentence:
+        d.caption += (" The loss is the total (this aggregate predates the separate MLM loss): levels with a "
+                      "sentence task add its loss (about ln 2 = 0.69 at chance), so their lines sit higher.")
+    if switch:
+        d.caption += (f" The dotted vertical line marks the end of the sequence-length warmup: before it the rows "
+                      f"are {' / '.join(str(x) for x in recipe.get('train.short_len') or ['?'])} tokens "
+                      f"(train.short_len), after it full length, so the loss changes there by row length.")
     d.fig = fig
     return d
 
@@ -204,8 +245,9 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
     a, b = cmp.get("a", "a"), cmp.get("b", "b")
     d = Drawn("paired_differences", f"{b} minus {a}, per task", f"Paired difference {b} − {a} (same pre-training "
               "seed), mean with its interval at the level that decides it (95% for the primary comparison, "
-              "Holm's level for the others); the dashed line is no effect. Downstream scores in points "
-              "(×100); perplexity in its own units.")
+              "Holm's level for the others); the dashed line is no effect. Downstream scores in percentage "
+              "points (pp); perplexity in its own units. A row with fewer than 3 seeds has no interval: a bare "
+              "point, labelled so; ★ marks the primary comparison.")
     if comparisons is None or comparisons.empty:
         d.skipped = "no paired comparison in the aggregate (the study has no `compare`, or no seed finished both levels)"
         return d
@@ -221,22 +263,35 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
         ax = axes[i]
         i += 1
         scale = np.where(down["metric"].isin(BOUNDED), 100.0, 1.0)
-        down["what"] = down["task"] + " " + down["mode"] + " " + down["metric"]
+        star = down["primary"].astype(str).eq("True") if "primary" in down else pd.Series(False, index=down.index)
+        down["what"] = down["task"] + " " + down["mode"] + " " + down["metric"] + np.where(star, " ★", "")
         y = np.arange(len(down))
         ax.errorbar(down["diff"] * scale, y, xerr=np.nan_to_num(np.vstack([(down["diff"] - down["ci_low"]) * scale,
                                                                          (down["ci_high"] - down["diff"]) * scale]),
                                                               nan=0.0).clip(min=0), fmt="o", capsize=3)
         ax.set_yticks(y, down["what"])
+        _no_interval_notes(ax, down["diff"] * scale, y, down)
         ax.axvline(0, ls="--", c="grey")
-        ax.set_xlabel(f"{b}\n− {a} (points)")
+        ax.set_xlabel(f"{b}\n− {a} (pp)")
     if len(pre):
         ax = axes[i]
         ax.errorbar(pre["diff"], [0] * len(pre), xerr=_xerr(pre), fmt="o", capsize=3, color="C1")
         ax.set_yticks([0], ["fixed-reference perplexity"])
+        _no_interval_notes(ax, pre["diff"], [0] * len(pre), pre)
         ax.axvline(0, ls="--", c="grey")
         ax.set_xlabel(f"{b}\n− {a} (perplexity)")
     d.fig = fig
     return d
+
+
+def _no_interval_notes(ax, xs, ys, g: pd.DataFrame) -> None:
+    """Label the bare points (no interval: n<3, or none drawn) and pad the axes so no point sits on an edge."""
+    for x, y, r in zip(xs, ys, g.itertuples()):
+        if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
+            why = f"n={int(r.n)}: no interval" if "n" in g and int(r.n) < 3 else "no interval"
+            ax.annotate(why, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.set_ylim(min(ys) - 0.6, max(ys) + 0.6)
+    ax.margins(x=0.2)
 
 
 def _xerr(g: pd.DataFrame) -> np.ndarray:
@@ -274,12 +329,13 @@ def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     return d
 
 
-def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
+def replacement(summary: pd.DataFrame, plan: dict, keys: list[str], runs: pd.DataFrame | None = None) -> Drawn:
     d = Drawn("replacement", "Replacement split: reference MLM, fine-tune and feature-based", "Per MASK/SAME/RND "
               "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
               "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
-              "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. Mean "
-              "over pre-training seeds, 95% t-interval.")
+              "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. The dashed "
+              "line on the left is the most-frequent-token floor (always predicting the commonest asked token). "
+              "Mean over pre-training seeds, 95% t-interval.")
     if summary.empty:
         d.skipped = "no finished runs"
         return d
@@ -294,7 +350,7 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     if all(p.empty for _, _, p in panels):
         d.skipped = "no reference, fine-tune or probe scores yet"
         return d
-    fig, axes = _fig(3)
+    fig, axes = _fig(3, height=4.8)
     order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
     random = summary[summary["init"] == "random"] if "init" in summary else summary.iloc[:0]
     random = random.assign(what=random["task"] + " " + random["metric"])
@@ -315,12 +371,25 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
             rnd = random[(random["mode"] == mode) & (random["what"] == what)]["mean"].unique()
             if len(rnd) == 1:
                 ax.axhline(rnd[0], ls=":", color=line[0].get_color(), label=f"{what}, random init")
-        ax.set_xticks(range(len(order)), order, rotation=30)
+        floor = _floor(runs) if mode == "pretrain" else None
+        if floor is not None:   # as curves.py: under it a run learned word frequencies only
+            ax.axhline(floor, ls="--", c="black", lw=1, label="most-frequent-token floor")
+        ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
         ax.set_xlabel("MASK/SAME/RND %" if set(keys) == set(REPLACEMENT_KEYS) else ", ".join(keys))
-        ax.legend(fontsize=7)
+        # below the panel: inside it the legend covered the top of the intervals
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5), frameon=False).set_in_layout(False)
         _in_points(ax, p["metric"].unique())
+    d.rect = (0, 0.2, 1, 1)
     d.fig = fig
     return d
+
+
+def _floor(runs: pd.DataFrame | None) -> float | None:
+    """The reference set's most-frequent-token accuracy (runs.csv ref_mode_acc); one set, one value."""
+    if runs is None or "ref_mode_acc" not in runs:
+        return None
+    v = pd.to_numeric(runs["ref_mode_acc"], errors="coerce").dropna()
+    return float(v.max()) if len(v) else None
 
 
 def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
@@ -364,7 +433,7 @@ def generic(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     g = with_levels(g, keys, run_labels(plan, keys))
     fig, (ax,) = _fig(1, width=max(4.0, 0.9 * len(g) + 2))
     ax.bar(range(len(g)), g["mean"], yerr=_yerr(g), capsize=3)
-    ax.set_xticks(range(len(g)), g["level"], rotation=30)
+    ax.set_xticks(range(len(g)), g["level"], rotation=30, ha="right")
     ax.set_ylabel(metric_label(task, mode, metric))
     _in_points(ax, [metric])
     d.fig = fig
@@ -419,14 +488,14 @@ def choose(plan: dict, keys: list[str], summary: pd.DataFrame, comparisons: pd.D
     kind = plan.get("kind", "generic")
     by_kind = {"nsp": ("paired_differences", lambda: paired_differences(comparisons, plan)),
                "mask_rate": ("mask_rate", lambda: mask_rate(summary, plan, keys)),
-               "replacement": ("replacement", lambda: replacement(summary, plan, keys)),
+               "replacement": ("replacement", lambda: replacement(summary, plan, keys, runs)),
                "depth": ("depth", lambda: depth(summary, plan, keys))}
     drawn = [_safe(*by_kind[kind])] if kind in by_kind else []
     if kind != "nsp" and plan.get("compare"):
         drawn.append(_safe("paired_differences", lambda: paired_differences(comparisons, plan)))
     if kind == "generic" or not any(d.fig for d in drawn):
         drawn.append(_safe("primary_metric", lambda: generic(summary, plan, keys)))
-    drawn.append(_safe("training_curves", lambda: training_curves(curves, runs)))
+    drawn.append(_safe("training_curves", lambda: training_curves(curves, runs, plan)))
     return drawn
 
 
@@ -437,7 +506,7 @@ def save(drawn: list[Drawn], out_dir: Path) -> list[FigureFile]:
         png = svg = None
         if d.fig is not None:
             try:
-                d.fig.tight_layout()
+                d.fig.tight_layout(rect=d.rect)
                 png, svg = out_dir / f"{d.name}.png", out_dir / f"{d.name}.svg"
                 d.fig.savefig(png, dpi=110, metadata={"Software": None})
                 d.fig.savefig(svg, metadata={"Date": None, "Creator": None})

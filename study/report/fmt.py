@@ -1,4 +1,4 @@
-"""How the report writes numbers: scores in percent, differences in points, intervals with their level.
+"""How the report writes numbers: scores in percent, differences in percentage points (pp), intervals with their level.
 
 Shared by the report's tables and sentences (render.py) and its paper comparisons (papers.py).
 """
@@ -32,11 +32,17 @@ def fmt_value(x: Any, metric: str) -> str:
 
 
 def fmt_diff(x: Any, metric: str) -> str:
+    """A difference with fmt_value's precision (so "+3.2" never stands beside a mean of "41.3" as "+3.21"),
+    scores in pp."""
     if not finite(x):
         return "–"
     if metric in BOUNDED:
         return f"{100 * x:+.1f} pp"
-    return f"{x:+,.0f}" if metric in ("params", "tokens_seen", "tokens_per_s") else f"{x:+.2f}"
+    if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
+        return f"{x:+,.0f}"
+    if metric == "wall_s":
+        return f"{x:+,.1f}"
+    return f"{x:+.1f}" if abs(x) >= 10 else f"{x:+.2f}"
 
 
 def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False, level: Any = None) -> str:

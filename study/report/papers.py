@@ -126,6 +126,11 @@ def scale_statement(ours: dict, ref: R.Reference) -> str:
 PLATEAU = "not trained past the plateau"
 
 
+def paper_diff_s(diff: float, metric: str) -> str:
+    """The paper's difference in our unit rule (fmt_diff): tables print scores in percent, we store fractions."""
+    return fmt_diff(diff / 100 if metric in F.BOUNDED else diff, metric)
+
+
 def _plateau_levels(sf, levels: list[dict]) -> set[int]:
     """Indices of the levels with a finished run that did not learn past the most frequent token: the
     answer's guard (render.plateau_runs), applied to each level's runs (all its factor values match)."""
@@ -156,7 +161,7 @@ def reference_sections(sf) -> list[dict]:
                 continue
             if r["i"] in flat or r["j"] in flat:  # the answer's floor guard: a difference measures the plateau
                 r = {**r, "verdict": PLATEAU}
-            rows.append({**r, "paper_diff_s": f"{r['paper_diff']:+.2f}",
+            rows.append({**r, "paper_diff_s": paper_diff_s(r["paper_diff"], r["metric"]),
                          "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
                          "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,
                                               level=o.get("ci_level"))

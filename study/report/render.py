@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from study.report import stats as S
 from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS, plateau_hashes
 from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
 from study.report.papers import reference_sections
+from study.report.provenance import provenance_section, records
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -86,17 +86,6 @@ def load_study_dir(study_dir: str | Path) -> StudyFiles:
                       curves=_read_csv(study_dir / "curves.csv"), trials=trials, factor_keys=list(keys))
 
 
-RUN_FIELDS = ("run_hash", "label", "seed", "status", "error", "step", "params", "tokens_seen", "tokens_per_s",
-              "wall_s", "device", "data_hash")
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    """Rows as dicts with NaN turned into None (the template prints None as a dash); every RUN_FIELDS
-    key present, so an aggregate written before a column existed still renders."""
-    return [{**dict.fromkeys(RUN_FIELDS), **{k: (None if isinstance(v, float) and math.isnan(v) else v)
-                                             for k, v in r.items()}} for r in df.to_dict("records")]
-
-
 NOTES = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"   # aggregate.compare's notes after the verdict
 
 
@@ -127,7 +116,7 @@ def methods_sentence(sf: StudyFiles) -> str:
     fam = st.get("family") or 0
     text += (f"the other {fam} paired comparisons (cost metrics excluded) are Holm-corrected, each interval drawn "
              f"at the level Holm tests it at, so it excludes 0 exactly when its Holm-adjusted p < {a}."
-             if fam else "there are no other paired comparisons to correct for.")
+             if fam else _untested_others(sf, st["min_n"]))
     pr = st.get("primary")
     if pr and finite(pr.get("mde")):
         text += (f" With n={pr['n']} seeds and SD {fmt_diff(pr['sd_diff'], pr['metric']).lstrip('+')} of the "
@@ -139,6 +128,19 @@ def methods_sentence(sf: StudyFiles) -> str:
                else "the same difference in every seed, so no measure of seed noise")
         text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect ({why})."
     return text
+
+
+def _untested_others(sf: StudyFiles, min_n: int) -> str:
+    """No Holm family: say whether that is because no other comparison exists or none could be tested."""
+    c = sf.comparisons
+    if c.empty:
+        return "there are no other paired comparisons to correct for."
+    o = c[~c["metric"].isin(COST_METRICS) & (c["primary"].astype(str) != "True")]
+    if o.empty:
+        return "there are no other paired comparisons to correct for."
+    why = f"n<{min_n}" if (o["n"] < min_n).all() else "no interval"
+    rows = f"{len(o)} other row{'s' if len(o) > 1 else ''}"
+    return f"no other comparison could be tested ({why}; {rows} in the table), so there is nothing to correct."
 
 
 def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
@@ -379,7 +381,7 @@ def _problem_runs(sf: StudyFiles) -> dict:
     r = sf.runs
     if r.empty:
         return {"bad": [], "pending": [], "collapsed": [], "finetune": ft}
-    rec = _records(r)
+    rec = records(r)
     return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
             "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
             # collapsed: finished runs not beyond always predicting the most frequent token
@@ -431,37 +433,6 @@ def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
             f"enough, so a difference involving them measures that, not the factor (see Problems).")
 
 
-def provenance_section(sf: StudyFiles) -> dict:
-    prov = sf.study.get("provenance") or {}
-    commits, hardware, packages = {}, {}, {}
-    for h, p in prov.items():
-        pv = p.get("provenance") or {}
-        g = pv.get("git") or {}
-        key = f"{g.get('commit') or 'unknown'}{' (dirty)' if g.get('dirty') else ''}"
-        commits.setdefault(key, []).append(h)
-        hw = pv.get("hardware") or {}
-        hkey = ", ".join(f"{k}={v}" for k, v in hw.items() if v is not None) or f"device={p.get('device')}"
-        hardware.setdefault(hkey, []).append(h)
-        for name, ver in (pv.get("packages") or {}).items():
-            packages.setdefault(name, set()).add(str(ver))
-    runs = _records(sf.runs) if not sf.runs.empty else []
-    try:  # what rendered this report (no torch: git only)
-        from study.provenance import git_info
-        rendered = git_info()
-    except Exception:  # noqa: BLE001 - provenance of the renderer is nice to have, not required
-        rendered = {}
-    unknown = len(commits.get("unknown", []))
-    uncommitted = (f"{unknown} of {len(prov)} runs record no code commit (git could not name one where they "
-                   f"ran): which code produced them cannot be checked from this report."
-                   if unknown else None)
-    return {"commits": commits, "hardware": hardware, "uncommitted": uncommitted,
-            "packages": {k: ", ".join(sorted(v)) for k, v in sorted(packages.items())},
-            "mixed_packages": sorted(k for k, v in packages.items() if len(v) > 1), "runs": runs,
-            "ci_method": sf.study.get("ci_method"), "test": sf.study.get("test"), "rendered": rendered,
-            "spec": sf.plan.get("spec"), "profile": sf.plan.get("profile"),
-            "finetune_hash": sf.plan.get("finetune_hash")}
-
-
 def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> dict | None:
     """Counts and the best trial of a trials table (number, state, value, params_<key>...).
 
@@ -509,7 +480,9 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
     with atomic_dir(out_dir / "figures") as tmp:
         files = F.make_figures(sf.plan, sf.factor_keys, sf.summary, sf.comparisons, sf.curves, tmp,
                                runs=sf.runs, trials=sf.trials, direction=search_direction)
+        # alt: what the figure shows in one line (title + the caption's first sentence), not just its name
         figs = [{"name": f.name, "title": f.title, "caption": f.caption, "skipped": f.skipped,
+                 "alt": f"{f.title}: {f.caption.split('. ')[0].rstrip('.')}." if f.caption else f.title,
                  "src": "data:image/png;base64," + base64.b64encode(f.png.read_bytes()).decode("ascii")
                  if f.png else None,
                  "files": [p.name for p in (f.png, f.svg) if p]} for f in files]

@@ -190,8 +190,7 @@ def match_levels(ref: Reference, levels: list[dict[str, Any]]) -> tuple[dict[int
     for sig in sorted(by_sig, key=len):
         for i, row in by_sig[sig].items():
             mixed.setdefault(i, row)
-    extra_keys = sorted({k for r in mixed.values() for k in r.setting if k not in keys})
-    return mixed, extra_keys
+    return mixed, _differing_extras(mixed.values(), levels)  # keys the rows share are no confounder
 
 
 def trend_pair(ref: Reference, levels: list[dict[str, Any]]) -> tuple[dict[int, Row], str] | None:
@@ -283,6 +282,14 @@ def _default_pairs(matched: dict[int, Row], levels: list[dict[str, Any]], b: int
     return [(b, j) for _, j in sorted(chosen.values(), key=lambda t: t[1])]
 
 
+def _differing_extras(rows, levels: list[dict[str, Any]]) -> list[str]:
+    """Keys we do not vary on which the given paper rows disagree: what confounds their difference."""
+    keys = {k for lv in levels for k in lv}
+    rows = list(rows)
+    extra = {k for r in rows for k in r.setting if k not in keys}
+    return sorted(k for k in extra if len({str(r.setting.get(k)) for r in rows}) > 1)
+
+
 def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base: int = 0,
                   pairs: list[tuple[int, int]] | None = None) -> dict:
     """Paper numbers beside ours for the levels both vary, with a direction verdict per column.
@@ -299,6 +306,7 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
         matched, trend = t
         lo_i, hi_i = sorted(matched, key=lambda i: float(matched[i].setting[next(iter(levels[i]))]))
         pairs = [(lo_i, hi_i)]
+        confounders = _differing_extras(matched.values(), levels)  # match_levels' were for other rows
     out = {"reference": ref, "matched": {i: r.label for i, r in matched.items()}, "confounders": confounders,
            "rows": [], "note": None, "trend": trend}
     if len(matched) < 2:
