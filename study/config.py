@@ -254,6 +254,14 @@ class TrainConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _whole_steps(self) -> "TrainConfig":
+        # A step count is whole: the schedule, `study plan`, the search and the figures rounded 2.5 steps
+        # four ways (ceil, as is, floor, times the fraction).
+        if self.budget == "steps" and self.amount != int(self.amount):
+            raise cross_field_error("train.amount", f"{self.amount} steps", "a whole number of steps")
+        return self
+
+    @model_validator(mode="after")
     def _micro_batches(self) -> "TrainConfig":
         # Equal micro-batches on one process; the trainer checks the split across processes (world size).
         if self.batch_size % self.grad_accum:

@@ -468,3 +468,16 @@ def test_aggregate_carries_mlm_loss_finish_date_precision_and_fine_tune_commits(
     assert r.loc["nsp0", "finished"].startswith("2026-01-02") and r.loc["nsp0", "precision"] == "bf16"
     ft = json.loads((out / "study.json").read_text())["finetune_provenance"]
     assert ft == {"nsp0/SST-2/finetune/0": {"commit": "f1e2", "dirty": None, "source": "git archive"}}
+
+
+def test_the_dvc_metrics_count_of_runs_on_the_plateau_is_the_reports():
+    """`not_beyond_mode` in results/metrics/study-<name>.json counted every run with learned False, the
+    report only finished ones (a run killed between its metrics and its status reads pending): one rule now,
+    aggregate.plateau_hashes."""
+    from study.report.aggregate import plateau_hashes, study_metrics
+    runs = pd.DataFrame({"run_hash": ["a", "b", "c"], "status": ["done", "pending", "done"],
+                         "learned": [False, False, True]})
+    plan = {"name": "t", "primary_metric": "ref_mlm_acc"}
+    m = study_metrics(plan, runs, pd.DataFrame(), None, [])
+    assert m["runs"]["not_beyond_mode"] == len(plateau_hashes(runs)) == 1
+

@@ -283,6 +283,8 @@ CROSS = {  # rules between fields: `study validate` names the dotted field and w
                          "train.short_len: 1000, train.short_fraction: 0.3", "train.short_len", "8..63"),
     "short_len_missing": ("train: {short_fraction: 0.2}", "train.short_fraction: 0.5", "train.short_len",
                           "an integer >= 8, below objective.max_seq_len"),
+    # 2.5 steps were rounded up by the schedule, down by the search, kept as 2.5 by `study plan`
+    "whole_steps": ("train: {amount: 2.5}", "train.amount: 100.5", "train.amount", "a whole number of steps"),
 }
 
 

@@ -230,3 +230,25 @@ def test_select_refuses_a_profile_that_needs_quoting(repo: Path, capsys):
     assert study_main(["select", "b", *args]) == 2   # nor can a spec define such a profile
     assert "profiles.my prof:" in capsys.readouterr().err
     assert _files(repo) == before
+
+
+def test_a_stamp_sees_a_same_size_rewrite_whose_mtime_was_restored(tmp_path):
+    """The stamps' digest cache reused a file's old sha256 when its size and mtime were unchanged, so a
+    rewrite of the same size with its mtime set back (`cp -p`, `rsync -t`) left the stamp, and DVC's view,
+    stale. ctime cannot be set back: it is in the key now."""
+    import os
+    import time
+    from study.studies.sync import _Digests
+    root, cache = tmp_path / "run", tmp_path / "cache.json"
+    root.mkdir()
+    f = root / "metrics.json"
+    f.write_text("aaaa")
+    st = f.stat()
+    first = _Digests(cache)
+    before = first.tree(root)
+    first.save()
+    time.sleep(0.01)
+    f.write_text("bbbb")                                    # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))       # mtime restored, as `cp -p` does
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    assert _Digests(cache).tree(root)["digest"] != before["digest"]

@@ -204,7 +204,7 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     assert train_run(cfg, lay, quiet=True) == m
 
 
-def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, layout):
+def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, layout, monkeypatch):
     """`study rescore`: an old run (metrics without ref_mode_acc) gets the field from its saved model;
     stored numbers are never overwritten, and a run whose stored scores do not come back is left alone."""
     from study.pretrain.rescore import rescore_run
@@ -223,6 +223,15 @@ def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, l
     assert [r["added"] for r in json.loads((run / "meta.json").read_text())["rescores"]] == [["ref_mode_acc"]]
     assert rescore_run(cfg, lay).added == []  # up to date: nothing written again
     assert len(json.loads((run / "meta.json").read_text())["rescores"]) == 1
+    # scored on the run's own impl.threads (the thread count moves the loss), as training was: it ignored it
+    import study.pretrain.rescore as rescore_mod
+    from study.runtime import threads
+    seen, real = [], rescore_mod.evaluate
+    monkeypatch.setattr(rescore_mod, "evaluate", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    with threads(2 if torch.get_num_threads() == 1 else 1):
+        rescore_run(cfg.model_copy(update={"impl": cfg.impl.model_copy(update={"threads": 3})}), lay)
+    assert seen == [3]
+    monkeypatch.undo()
 
     # stored scores that the saved model does not give back: reported, nothing written
     bad = {**old, "ref_mlm_loss": old["ref_mlm_loss"] * 1.01, "sentence_acc": (old["sentence_acc"] + 0.5) % 1.0}

@@ -27,7 +27,7 @@ from study.pretrain.evaluate import evaluate, reference_set, sentence_set, short
 from study.provenance import provenance
 from study.rundir import RunDir
 from study.model.load import load_pretrained
-from study.runtime import resolve
+from study.runtime import compute_init
 
 # Scoring the same weights on another thread count or device reorders float sums: the loss moves in
 # its last digits and an argmax whose top two logits tie within rounding may flip. Beyond that, the
@@ -83,13 +83,14 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
         raise StudyError(f"run {run_hash} is {status}: only a finished run has a model to score",
                          field="--run", source=str(rd.path))
     stored = rd.metrics()
-    rt = resolve(cfg.impl)
-    prepared = prepare_data(cfg, layout, progress=not quiet)
-    ref, sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
-    model = load_pretrained(rd.model_dir, cfg.impl.attention, quiet).to(rt.device)
-    with torch.random.fork_rng(devices=[]):  # scoring draws nothing, but leave the caller's RNG alone
-        now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head,
-                       short_reference_set(cfg, prepared))
+    # the one runtime, impl.threads included: the thread count moves the loss (LOSS_RTOL above)
+    with compute_init(cfg.impl) as rt:
+        prepared = prepare_data(cfg, layout, progress=not quiet)
+        ref, sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
+        model = load_pretrained(rd.model_dir, cfg.impl.attention, quiet).to(rt.device)
+        with torch.random.fork_rng(devices=[]):  # scoring draws nothing, but leave the caller's RNG alone
+            now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head,
+                           short_reference_set(cfg, prepared))
     dev, bad = _compare(stored, now, len(sent) if sent is not None else 0)
     meta = rd.meta()
     out = Rescored(run_hash, added=[k for k in now if k not in stored], deviation=dev, mismatch=bad,

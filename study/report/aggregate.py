@@ -451,7 +451,7 @@ def study_metrics(plan: dict, runs: pd.DataFrame, summary: pd.DataFrame, answer:
                                                 "sd_diff", "mde")}
         ans.update({"a": str(answer.get("a")), "b": str(answer.get("b")),
                     "interpretation": answer.get("interpretation")})
-    collapsed = int((runs["learned"] == False).sum()) if "learned" in runs else 0  # noqa: E712 - None is unknown
+    collapsed = len(plateau_hashes(runs))  # the report's rule: finished runs only
     return {"study": plan["name"], "primary_metric": plan.get("primary_metric"),
             "runs": {"total": int(len(runs)), **{str(k): int(v) for k, v in status.items()},
                      "not_beyond_mode": collapsed},

@@ -35,7 +35,7 @@ def _level_index(sf, levels: list[dict], value: Any) -> int | None:
     if value is None or fac is None:
         return None
     if fac == "label":
-        run = next((r for r in sf.plan.get("runs", []) if r["label"] == str(value)), None)
+        run = next((r for r in sf.plan.get("runs", []) if F.canon(r["label"]) == F.canon(value)), None)
         if run is None:
             return None
         want = {k: run.get("factors", {}).get(k) for k in sf.factor_keys}

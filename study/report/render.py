@@ -381,12 +381,11 @@ def _problem_runs(sf: StudyFiles) -> dict:
     r = sf.runs
     if r.empty:
         return {"bad": [], "pending": [], "collapsed": [], "finetune": ft}
-    rec = records(r)
+    rec, flat = records(r), plateau_hashes(r)
     return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
             "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
-            # collapsed: finished runs not beyond always predicting the most frequent token
-            # (aggregate.learned_beyond_mode; runs.csv reads the flag back as a bool or a string)
-            "collapsed": [x for x in rec if x.get("status") == "done" and str(x.get("learned")) == "False"],
+            # collapsed: finished runs not beyond always predicting the most frequent token (the one rule)
+            "collapsed": [x for x in rec if str(x.get("run_hash")) in flat],
             "finetune": ft}
 
 

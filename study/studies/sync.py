@@ -455,8 +455,9 @@ def _files(root: Path) -> list[Path]:
 
 
 class _Digests:
-    """sha256 of files, reusing the last stamp's value for a file whose size and mtime are unchanged (a
-    stage that reruns does not read every model again); the cache lives in results/.cache/stamps/."""
+    """sha256 of files, reusing the last stamp's value for a file whose size, mtime, inode and ctime are
+    unchanged (a stage that reruns does not read every model again; ctime, which no copy can set back,
+    catches a same-size rewrite whose mtime was restored, `cp -p`); the cache lives in results/.cache/stamps/."""
 
     def __init__(self, cache: Path):
         self.cache, self.new = cache, {}
@@ -473,8 +474,9 @@ class _Digests:
         for f in files:
             st, key = f.stat(), str(f)
             old = self.old.get(key)
-            sha = old[2] if old and old[:2] == [st.st_size, st.st_mtime_ns] else sha256_file(f)
-            self.new[key] = [st.st_size, st.st_mtime_ns, sha]
+            now = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+            sha = old[-1] if old and old[:-1] == now else sha256_file(f)
+            self.new[key] = [*now, sha]
             rel = f.name if f == root else f.relative_to(root).as_posix()
             h.update(f"{rel}\0{sha}\n".encode())
         return {"files": len(files), "digest": h.hexdigest()[:16]}
