@@ -305,8 +305,8 @@ class FinetuneConfig(Strict):
 
 class ImplConfig(Strict):
     """Speed-only settings. Excluded from the run hash; each is loss-neutral by test. Where dropout is on,
-    several of them (attention, compile, pad_to, dropout_masks) draw its masks from another stream: the same
-    distribution, not bitwise the same model, as a different thread count or GPU is not either."""
+    several of them (attention, compile, pad_to, dropout_masks) may draw its masks from another stream: the
+    same distribution, not bitwise the same model, as a different thread count or GPU is not either."""
 
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on CUDA, fp32 elsewhere

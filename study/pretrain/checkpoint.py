@@ -91,8 +91,8 @@ def write_checkpoint(d: Path, step: int, obj: dict) -> Path:
     atomic_write_bytes(path, CKPT_MAGIC + digest + b"\n" + payload)
     # A file of a later step was rejected on resume (training goes on from the newest intact one): it must
     # not count as one of the newest, or a run restarted from scratch would delete its own checkpoints.
-    later = [p for s, p in checkpoint_files(d) if s > step]
-    kept = [p for s, p in checkpoint_files(d) if s <= step]
+    files = checkpoint_files(d)
+    later, kept = [p for s, p in files if s > step], [p for s, p in files if s <= step]
     for old in later + kept[KEEP_CHECKPOINTS:]:
         old.unlink(missing_ok=True)
     return path

@@ -13,7 +13,7 @@ Those inputs carry reference masks too, because that is the distribution the hea
 Masks are drawn on full-length rows and padding is trimmed per eval batch afterwards, so neither
 the eval batch size nor the trimming changes which positions are asked. The model runs in the run's own
 precision (bf16 autocast on a GPU): the questions are fixed, the arithmetic is the run's, so a bf16 and an
-fp32 run of one config score within bf16 rounding of each other (accuracy alike; loss to ~1e-5 relative).
+fp32 run of one config score within bf16 rounding of each other, not bitwise alike.
 
 Two accuracies, each with its floor (always predicting the most frequent asked token):
 - ref_mlm_acc / ref_mode_acc over every asked position, BERT's usual number;

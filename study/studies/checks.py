@@ -92,7 +92,7 @@ def check_finite_search(spec: SpecFile, source: str) -> None:
     walk(spec.search.model_dump(), "search")
 
 
-def _same_level(a: Any, b: Any) -> bool:
+def same_level(a: Any, b: Any) -> bool:
     """Level equality across the YAML -> JSON -> CSV round trip: 2 == 2.0, but 'nsp' != 'none'."""
     numeric = (int, float)
     if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
@@ -151,7 +151,7 @@ def check_report_hints(study: Study) -> None:
     levels: dict[str, list[Any]] = {"label": []}
     for run in study.runs:
         for key, value in (("label", run.label), *run.factors.items()):
-            if not any(_same_level(value, seen) for seen in levels.setdefault(key, [])):
+            if not any(same_level(value, seen) for seen in levels.setdefault(key, [])):
                 levels[key].append(value)
     columns = sorted(k for k in levels if k != "label") + ["label"]
     searched = list(study.spec.search.params) if study.spec.search is not None else []
@@ -191,10 +191,10 @@ def _check_compare(compare: dict[str, Any], levels: dict[str, list[Any]], column
                          field="report.compare.factor", source=source, allowed=", ".join(columns))
     shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (" ..." if len(levels[factor]) > 20 else "")
     for key in ("a", "b"):
-        if not any(_same_level(compare[key], v) for v in levels[factor]):
+        if not any(same_level(compare[key], v) for v in levels[factor]):
             raise StudyError(f"{short(compare[key], 60)} is not a level of {factor}", field=f"report.compare.{key}",
                              source=source, allowed=shown)
-    if _same_level(compare["a"], compare["b"]):
+    if same_level(compare["a"], compare["b"]):
         raise StudyError("a and b are the same level: the paired difference would be zero by construction",
                          field="report.compare.b", source=source, allowed=f"a level of {factor} other than a")
 

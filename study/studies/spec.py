@@ -31,7 +31,7 @@ from study.paths import Layout
 from study.report import references
 from study.rundir import RunDir
 from study.studies.checks import (check_finite_search, check_inert_factors, check_names, check_one_finetune_recipe,
-                                  check_report_hints, reject_resolved_keys, reject_seed_keys, suggest)
+                                  check_report_hints, reject_resolved_keys, reject_seed_keys, same_level, suggest)
 from study.studies.searchspec import SearchSpec
 from study.studies.specyaml import clip, read_yaml, short
 
@@ -380,13 +380,11 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     for key, levels in spec.factors.items():
         if not levels:
             raise StudyError("empty list of levels", field=f"factors.{key}", source=source)
-        seen: dict = {}
-        for v in levels:  # 1 and 1.0 are one level once resolved (as aggregate rows compare them too)
-            k = ("num", v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (type(v).__name__, repr(v))
-            if k in seen:
-                raise StudyError(f"levels {short(seen[k], 40)} and {short(v, 40)} are equal once resolved: the same "
+        for i, v in enumerate(levels):  # 1 and 1.0 are one level once resolved (as aggregate rows compare them too)
+            j = next((j for j in range(i) if same_level(levels[j], v)), None)
+            if j is not None:
+                raise StudyError(f"levels {short(levels[j], 40)} and {short(v, 40)} are equal once resolved: the same "
                                  "runs twice", field=f"factors.{key}", source=source, allowed="distinct values")
-            seen[k] = v
     points: list[tuple[str, dict[str, Any]]] = []
     keys = list(spec.factors)
     if keys and spec.design == "grid":
