@@ -18,6 +18,7 @@ which is what a no-op pays.
 The last line is machine-readable: `dvc_noop specs=50 selected=50 runs=1000 repro_s=<x> status_s=<y> ...`
 (or `dvc_dry studies=<n> runs=<r> dry_s=<x> ...`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,16 +52,24 @@ seeds: [{seeds}]
 
 
 def _env() -> dict:
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-            "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
-            "GIT_COMMITTER_EMAIL": "b@b"}
+    return {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@b",
+    }
 
 
 def sh(cwd: Path, *cmd: str) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                         f"{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return proc.stdout + proc.stderr
 
 
@@ -87,9 +96,12 @@ def project(root: Path, n_specs: int, runs: int) -> None:
     for i in range(n_specs):
         # distinct learning rates per spec: every run hash is the spec's own (no sharing between studies)
         levels = ", ".join(f"{1e-3 * (1 + i) + 1e-6 * k:.6g}" for k in range(runs // seeds))
-        (root / "ablations" / f"s{i:02d}.yaml").write_text(SPEC.format(i=i, levels=levels,
-                                                                       seeds=", ".join(map(str, range(seeds)))))
-    (root / ".gitignore").write_text("/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n")
+        (root / "ablations" / f"s{i:02d}.yaml").write_text(
+            SPEC.format(i=i, levels=levels, seeds=", ".join(map(str, range(seeds))))
+        )
+    (root / ".gitignore").write_text(
+        "/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n"
+    )
     (root / "params.yaml").write_text("studies: []\n")
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
@@ -102,8 +114,12 @@ def fabricate(root: Path) -> int:
     selected studies own (10 and 4 files: not DVC outputs, so a no-op must not read them); returns how
     many outputs the pipeline declares."""
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    outs = [next(iter(o)) if isinstance(o, dict) else o
-            for st in stages.values() for key in ("outs", "metrics") for o in st.get(key, [])]
+    outs = [
+        next(iter(o)) if isinstance(o, dict) else o
+        for st in stages.values()
+        for key in ("outs", "metrics")
+        for o in st.get(key, [])
+    ]
     for out in outs:
         path = root / out
         if path.exists():
@@ -117,8 +133,11 @@ def fabricate(root: Path) -> int:
     studies = yaml.safe_load((root / "study_runs.yaml").read_text())["studies"]
     for s in studies.values():
         for key in [*s["runs"], *s["baselines"]]:
-            folder, files = ((root / "results" / "runs" / key, RUN_FILES) if key in s["runs"] else
-                             (root / "results" / "finetune" / key, FINETUNE_FILES))
+            folder, files = (
+                (root / "results" / "runs" / key, RUN_FILES)
+                if key in s["runs"]
+                else (root / "results" / "finetune" / key, FINETUNE_FILES)
+            )
             for f in files:
                 if not (folder / f).exists():
                     (folder / f).parent.mkdir(parents=True, exist_ok=True)
@@ -131,8 +150,18 @@ def fabricate(root: Path) -> int:
     return len(outs)
 
 
-RUN_FILES = ["config.json", "meta.json", "status.json", "metrics.json", "history.jsonl", "events.jsonl",
-             "model/config.json", "model/model.safetensors", "model/tokenizer.json", "model/tokenizer_config.json"]
+RUN_FILES = [
+    "config.json",
+    "meta.json",
+    "status.json",
+    "metrics.json",
+    "history.jsonl",
+    "events.jsonl",
+    "model/config.json",
+    "model/model.safetensors",
+    "model/tokenizer.json",
+    "model/tokenizer_config.json",
+]
 FINETUNE_FILES = [f"SST-2/0123456789ab/{m}-seed{k}.json" for m in ("finetune", "probe") for k in (0, 1)]
 
 
@@ -151,8 +180,17 @@ def measure(root: Path, selected: list[str], repeat: int) -> dict:
         raise SystemExit(f"not a no-op:\n{status[-1500:]}\n{repro[-1500:]}")
     stages = len(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
     lines = sum(len((root / f).read_text().splitlines()) for f in ("dvc.yaml", "dvc.lock"))
-    return {"selected": len(selected), "stages": stages, "outs": n_outs, "lines": lines, "sync_s": sync_s,
-            "status_s": status_s, "status_cpu": status_cpu, "repro_s": repro_s, "repro_cpu": repro_cpu}
+    return {
+        "selected": len(selected),
+        "stages": stages,
+        "outs": n_outs,
+        "lines": lines,
+        "sync_s": sync_s,
+        "status_s": status_s,
+        "status_cpu": status_cpu,
+        "repro_s": repro_s,
+        "repro_cpu": repro_cpu,
+    }
 
 
 def shipped(tmp: Path, repeat: int) -> None:
@@ -166,10 +204,13 @@ def shipped(tmp: Path, repeat: int) -> None:
     shutil.copytree(REPO / "study", root / "study", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "ablations", root / "ablations")
     shutil.copy(REPO / ".dvcignore", root / ".dvcignore")
-    (root / ".gitignore").write_text("/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n")
+    (root / ".gitignore").write_text(
+        "/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n"
+    )
     sys.path.insert(0, str(REPO))
     from study.errors import StudyError
     from study.studies.spec import load_study
+
     selected, skipped = [], []
     cwd = os.getcwd()
     os.chdir(root)  # profiles name corpus paths relative to the project
@@ -202,25 +243,42 @@ def shipped(tmp: Path, repeat: int) -> None:
     if f"Running stage '{target}'" not in out:
         raise SystemExit(f"dvc repro --dry {target} did not plan the stage:\n{out[-2000:]}")
     status_s, status_cpu, _ = timed(clone, repeat, "dvc", "status")
-    print(f"{len(selected)} studies selected ({runs} runs, {stages} stages); skipped: {', '.join(skipped) or 'none'}")
-    print(f"fresh clone: dvc repro --dry {target} {dry_s:.2f} s (cpu {dry_cpu:.2f}); "
-          f"dvc status {status_s:.2f} s (cpu {status_cpu:.2f}); load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores")
-    print(f"dvc_dry studies={len(selected)} runs={runs} dry_s={dry_s:.2f} dry_cpu_s={dry_cpu:.2f} "
-          f"status_s={status_s:.2f} status_cpu_s={status_cpu:.2f}")
+    print(
+        f"{len(selected)} studies selected ({runs} runs, {stages} stages); skipped: {', '.join(skipped) or 'none'}"
+    )
+    print(
+        f"fresh clone: dvc repro --dry {target} {dry_s:.2f} s (cpu {dry_cpu:.2f}); "
+        f"dvc status {status_s:.2f} s (cpu {status_cpu:.2f}); load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores"
+    )
+    print(
+        f"dvc_dry studies={len(selected)} runs={runs} dry_s={dry_s:.2f} dry_cpu_s={dry_cpu:.2f} "
+        f"status_s={status_s:.2f} status_cpu_s={status_cpu:.2f}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specs", type=int, default=50)
     ap.add_argument("--runs", type=int, default=20, help="runs per spec")
-    ap.add_argument("--select", type=int, action="append", help="how many specs to select (repeatable; "
-                    "default 1, 10 and all)")
+    ap.add_argument(
+        "--select",
+        type=int,
+        action="append",
+        help="how many specs to select (repeatable; default 1, 10 and all)",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="timings are the best of this many")
-    ap.add_argument("--keep", metavar="DIR", help="build the repository in DIR (new) and keep it, e.g. to profile "
-                    "`python -m cProfile -m dvc status` in it")
-    ap.add_argument("--shipped", action="store_true", help="instead: every shipped spec and profile selected, "
-                    "`dvc repro --dry` in a fresh clone")
+    ap.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="build the repository in DIR (new) and keep it, e.g. to profile "
+        "`python -m cProfile -m dvc status` in it",
+    )
+    ap.add_argument(
+        "--shipped",
+        action="store_true",
+        help="instead: every shipped spec and profile selected, `dvc repro --dry` in a fresh clone",
+    )
     a = ap.parse_args()
     if a.shipped:
         with tempfile.TemporaryDirectory(prefix="dvc_dry-") as tmp:
@@ -232,18 +290,24 @@ def main() -> None:
         root.mkdir(parents=True)
         project(root, a.specs, a.runs)
         print(f"{a.specs} specs x {a.runs} runs in ablations/; no-op timings, best of {a.repeat}")
-        print(f"{'selected':>8} {'runs':>5} {'stages':>6} {'outs':>5} {'yaml+lock lines':>15} {'sync_s':>7} "
-              f"{'status_s (cpu)':>15} {'repro_s (cpu)':>14}")
+        print(
+            f"{'selected':>8} {'runs':>5} {'stages':>6} {'outs':>5} {'yaml+lock lines':>15} {'sync_s':>7} "
+            f"{'status_s (cpu)':>15} {'repro_s (cpu)':>14}"
+        )
         r = {}
         for n in counts:
             r = measure(root, [f"s{i:02d}" for i in range(n)], a.repeat)
-            print(f"{n:>8} {n * a.runs:>5} {r['stages']:>6} {r['outs']:>5} {r['lines']:>15} {r['sync_s']:>7.2f} "
-                  f"{r['status_s']:>7.2f} ({r['status_cpu']:.2f}) {r['repro_s']:>7.2f} ({r['repro_cpu']:.2f})",
-                  flush=True)
+            print(
+                f"{n:>8} {n * a.runs:>5} {r['stages']:>6} {r['outs']:>5} {r['lines']:>15} {r['sync_s']:>7.2f} "
+                f"{r['status_s']:>7.2f} ({r['status_cpu']:.2f}) {r['repro_s']:>7.2f} ({r['repro_cpu']:.2f})",
+                flush=True,
+            )
         print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"dvc_noop specs={a.specs} selected={r['selected']} runs={r['selected'] * a.runs} "
-          f"repro_s={r['repro_s']:.2f} status_s={r['status_s']:.2f} repro_cpu_s={r['repro_cpu']:.2f} "
-          f"status_cpu_s={r['status_cpu']:.2f}")
+    print(
+        f"dvc_noop specs={a.specs} selected={r['selected']} runs={r['selected'] * a.runs} "
+        f"repro_s={r['repro_s']:.2f} status_s={r['status_s']:.2f} repro_cpu_s={r['repro_cpu']:.2f} "
+        f"status_cpu_s={r['status_cpu']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ uses these steady-state rates (a compiled step spends its first steps compiling)
 
 Last line, exactly: `gpu ratio_base=<x> ratio_gpu=<y> mfu_base=<a> mfu_gpu=<b>` (mfu: ours).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,20 +48,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODELS = {  # L/H/A/I
     "base": {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072},
-    "gpu": {"layers": 4, "hidden": 512, "heads": 8, "intermediate": 2048},   # ablations/base/bert.yaml gpu
+    "gpu": {"layers": 4, "hidden": 512, "heads": 8, "intermediate": 2048},  # ablations/base/bert.yaml gpu
 }
-DRY_MODELS = {"base": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 256},
-              "gpu": {"layers": 1, "hidden": 64, "heads": 2, "intermediate": 256}}
-FT_SEEDS = 5          # the gpu profile's finetune.seeds
-FT_BATCH = 32         # the recipe's batch (config default)
+DRY_MODELS = {
+    "base": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 256},
+    "gpu": {"layers": 1, "hidden": 64, "heads": 2, "intermediate": 256},
+}
+FT_SEEDS = 5  # the gpu profile's finetune.seeds
+FT_BATCH = 32  # the recipe's batch (config default)
 
 
 def _corpus_default() -> list[str]:
     for root in (REPO / ".gpudata", REPO.parent / "shared" / "data"):
         # relative to the repository root where possible: the same source strings as bench/gpu_learn.yaml,
         # hence the same data_hash, so a data folder prepared for it (bench/gpu_check.sh --stage) is reused
-        found = [f"{kind}:{os.path.relpath(root / name, REPO) if root == REPO / '.gpudata' else root / name}"
-                 for kind, name in (("gutenberg", "gutenberg"), ("wikitext", "wikitext-2-raw")) if (root / name).is_dir()]
+        found = [
+            f"{kind}:{os.path.relpath(root / name, REPO) if root == REPO / '.gpudata' else root / name}"
+            for kind, name in (("gutenberg", "gutenberg"), ("wikitext", "wikitext-2-raw"))
+            if (root / name).is_dir()
+        ]
         if found:
             return found
     return ["embedded"]
@@ -69,19 +75,42 @@ def _corpus_default() -> list[str]:
 def run_config(model: dict, args, steps: int):
     from study.config import RunConfig
     from study.data.corpus import with_fingerprint
-    return with_fingerprint(RunConfig.model_validate({
-        "corpus": {"sources": args.corpus},
-        "tokenizer": {"vocab_size": args.vocab},
-        "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": args.seq},
-        "model": {**model, "max_positions": max(128, args.seq)},
-        "train": {"budget": "steps", "amount": steps, "batch_size": args.batch, "lr": 5.0e-4,
-                  "eval_sequences": 64},
-        "finetune": {"seeds": list(range(FT_SEEDS if not args.dry else 2)), "batch_size": FT_BATCH,
-                     "max_length": min(128, args.seq), "epochs": 3, "lr": 1.0e-4},
-        "impl": {"device": args.device, "precision": args.precision, "attention": "sdpa", "workers": 1,
-                 "fused_optimizer": True, "progress": False, "log_every": max(1, min(10, steps)),
-                 "checkpoint_every": 100000, **args.impl},
-    }))
+
+    return with_fingerprint(
+        RunConfig.model_validate(
+            {
+                "corpus": {"sources": args.corpus},
+                "tokenizer": {"vocab_size": args.vocab},
+                "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": args.seq},
+                "model": {**model, "max_positions": max(128, args.seq)},
+                "train": {
+                    "budget": "steps",
+                    "amount": steps,
+                    "batch_size": args.batch,
+                    "lr": 5.0e-4,
+                    "eval_sequences": 64,
+                },
+                "finetune": {
+                    "seeds": list(range(FT_SEEDS if not args.dry else 2)),
+                    "batch_size": FT_BATCH,
+                    "max_length": min(128, args.seq),
+                    "epochs": 3,
+                    "lr": 1.0e-4,
+                },
+                "impl": {
+                    "device": args.device,
+                    "precision": args.precision,
+                    "attention": "sdpa",
+                    "workers": 1,
+                    "fused_optimizer": True,
+                    "progress": False,
+                    "log_every": max(1, min(10, steps)),
+                    "checkpoint_every": 100000,
+                    **args.impl,
+                },
+            }
+        )
+    )
 
 
 def steady_ours(history: list[dict], warm: int) -> float | None:
@@ -108,11 +137,19 @@ def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> 
     feats = []
     for i in range(len(inst)):
         n = int(inst.lengths[i])
-        feats.append({"input_ids": inst.input_ids[i, :n].tolist(), "token_type_ids": inst.token_type_ids[i, :n].tolist(),
-                      "attention_mask": [1] * n, "next_sentence_label": int(inst.sentence_label[i])})
+        feats.append(
+            {
+                "input_ids": inst.input_ids[i, :n].tolist(),
+                "token_type_ids": inst.token_type_ids[i, :n].tolist(),
+                "attention_mask": [1] * n,
+                "next_sentence_label": int(inst.sentence_label[i]),
+            }
+        )
     model = build_model(cfg.model, len(prepared.tokenizer), True, ImplConfig(attention="sdpa"), seed=cfg.seed)
-    tokens = []   # device tensors, summed once at the end (no sync per step)
-    model.register_forward_pre_hook(lambda m, a, kw: tokens.append(kw["attention_mask"].sum()), with_kwargs=True)
+    tokens = []  # device tensors, summed once at the end (no sync per step)
+    model.register_forward_pre_hook(
+        lambda m, a, kw: tokens.append(kw["attention_mask"].sum()), with_kwargs=True
+    )
     collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
 
     class Clock(TrainerCallback):
@@ -124,7 +161,7 @@ def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> 
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step == warm:   # the steady-state clock starts after `warm` steps, as ours'
+            if state.global_step == warm:  # the steady-state clock starts after `warm` steps, as ours'
                 device_sync(device)
                 self.tw = time.perf_counter()
 
@@ -139,19 +176,44 @@ def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> 
     clock, t, cuda = Clock(), cfg.train, device.type == "cuda"
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=t.batch_size, max_steps=steps, learning_rate=t.lr,
-            warmup_steps=max(1, int(t.warmup * steps)), lr_scheduler_type="linear", weight_decay=t.weight_decay,
-            adam_beta1=t.beta1, adam_beta2=t.beta2, adam_epsilon=t.eps, max_grad_norm=t.clip,
+            output_dir=out,
+            per_device_train_batch_size=t.batch_size,
+            max_steps=steps,
+            learning_rate=t.lr,
+            warmup_steps=max(1, int(t.warmup * steps)),
+            lr_scheduler_type="linear",
+            weight_decay=t.weight_decay,
+            adam_beta1=t.beta1,
+            adam_beta2=t.beta2,
+            adam_epsilon=t.eps,
+            max_grad_norm=t.clip,
             logging_steps=min(10, steps),
-            save_strategy="no", report_to=[], use_cpu=not cuda, bf16=cuda, optim="adamw_torch_fused",
-            dataloader_num_workers=workers, disable_tqdm=True, seed=cfg.seed, remove_unused_columns=False)
-        Trainer(model=model, args=targs, train_dataset=feats, data_collator=collator, callbacks=[clock]).train()
+            save_strategy="no",
+            report_to=[],
+            use_cpu=not cuda,
+            bf16=cuda,
+            optim="adamw_torch_fused",
+            dataloader_num_workers=workers,
+            disable_tqdm=True,
+            seed=cfg.seed,
+            remove_unused_columns=False,
+        )
+        Trainer(
+            model=model, args=targs, train_dataset=feats, data_collator=collator, callbacks=[clock]
+        ).train()
     secs = clock.t1 - clock.t0
-    counts = [int(x.item()) for x in tokens[:steps]]   # one read of the device counters, after training
+    counts = [int(x.item()) for x in tokens[:steps]]  # one read of the device counters, after training
     n_tokens, late = sum(counts), sum(counts[warm:])
     steady = late / (clock.t1 - clock.tw) if clock.tw is not None and late else None
-    return {"tokens_per_s": n_tokens / secs, "steady_tokens_per_s": steady, "warm_steps": warm,
-            "loss": clock.losses[-1] if clock.losses else None, "steps": steps, "tokens": n_tokens, "seconds": secs}
+    return {
+        "tokens_per_s": n_tokens / secs,
+        "steady_tokens_per_s": steady,
+        "warm_steps": warm,
+        "loss": clock.losses[-1] if clock.losses else None,
+        "steps": steps,
+        "tokens": n_tokens,
+        "seconds": secs,
+    }
 
 
 def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
@@ -170,8 +232,11 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     rng = np.random.default_rng(0)
     n = FT_BATCH * (steps + warm)
     lengths = np.clip(np.round(rng.lognormal(np.log(22), 0.5, n)), 5, ft.max_length).astype(int)
-    rows = Encoded([rng.integers(5, vocab, k, dtype=np.int32) for k in lengths],
-                   [np.zeros(k, np.int8) for k in lengths], rng.integers(0, 2, n))
+    rows = Encoded(
+        [rng.integers(5, vocab, k, dtype=np.int32) for k in lengths],
+        [np.zeros(k, np.int8) for k in lengths],
+        rng.integers(0, 2, n),
+    )
     bert = build_model(cfg.model, vocab, False, cfg.impl, seed=0).bert
     seeds, labels = list(ft.seeds), torch.from_numpy(rows.labels)
     per_seed = [epoch_batches(rows, ft, s, 0) for s in seeds]
@@ -186,33 +251,66 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
         device_sync(rt.device)
         return steps / (time.perf_counter() - t0)
 
-    sb = SeedBatch(cfg, bert, 2, seeds, rt, total_steps=10 ** 6, warmup=10)
+    sb = SeedBatch(cfg, bert, 2, seeds, rt, total_steps=10**6, warmup=10)
     idx = lambda b: [batches[b] for batches in per_seed]  # noqa: E731
-    batched = timed(lambda b: sb.step(b, collate_seeds(rows, idx(b), rt.device),
-                                      torch.stack([labels[torch.from_numpy(i)] for i in idx(b)]).to(rt.device), False))
+    batched = timed(
+        lambda b: sb.step(
+            b,
+            collate_seeds(rows, idx(b), rt.device),
+            torch.stack([labels[torch.from_numpy(i)] for i in idx(b)]).to(rt.device),
+            False,
+        )
+    )
     del sb
-    model = Classifier(bert, 2, cfg.model.dropout, cfg.model.init_range, torch.Generator().manual_seed(0),
-                       ft.pooling).to(rt.device)
+    model = Classifier(
+        bert, 2, cfg.model.dropout, cfg.model.init_range, torch.Generator().manual_seed(0), ft.pooling
+    ).to(rt.device)
     model.train()
     opt = finetune_optimizer(model, ft)
-    seq = timed(lambda b: finetune_step(model, opt, collate(rows, per_seed[0][b], rt.device),
-                                        labels[torch.from_numpy(per_seed[0][b])].to(rt.device), False, rt.autocast).item())
+    seq = timed(
+        lambda b: finetune_step(
+            model,
+            opt,
+            collate(rows, per_seed[0][b], rt.device),
+            labels[torch.from_numpy(per_seed[0][b])].to(rt.device),
+            False,
+            rt.autocast,
+        ).item()
+    )
     k = len(seeds)
-    return {"seeds": k, "batch": FT_BATCH, "dropout": cfg.model.dropout, "batched_steps_per_s": batched,
-            "batched_seed_steps_per_s": k * batched, "sequential_seed_steps_per_s": seq,
-            "speedup": k * batched / seq, "mean_row_tokens": float(lengths.mean())}
+    return {
+        "seeds": k,
+        "batch": FT_BATCH,
+        "dropout": cfg.model.dropout,
+        "batched_steps_per_s": batched,
+        "batched_seed_steps_per_s": k * batched,
+        "sequential_seed_steps_per_s": seq,
+        "speedup": k * batched / seq,
+        "mean_row_tokens": float(lengths.mean()),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=100, help="pre-training steps per side and model")
-    ap.add_argument("--warm", type=int, default=20, help="steps before the steady-state clock starts, both sides")
+    ap.add_argument(
+        "--warm", type=int, default=20, help="steps before the steady-state clock starts, both sides"
+    )
     ap.add_argument("--ft-steps", type=int, default=30, help="timed fine-tuning steps (after warm-up)")
-    ap.add_argument("--corpus", nargs="+", default=None, help="corpus sources (kind:path), as a spec writes them")
+    ap.add_argument(
+        "--corpus", nargs="+", default=None, help="corpus sources (kind:path), as a spec writes them"
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "gpu"))
-    ap.add_argument("--results", default=None, help="results folder whose prepared data to reuse (default: <out>/results)")
-    ap.add_argument("--impl", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="ours' speed settings on top of the defaults above, e.g. compile=true pad_to=max")
+    ap.add_argument(
+        "--results", default=None, help="results folder whose prepared data to reuse (default: <out>/results)"
+    )
+    ap.add_argument(
+        "--impl",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ours' speed settings on top of the defaults above, e.g. compile=true pad_to=max",
+    )
     ap.add_argument("--workers", type=int, default=4, help="the baseline's dataloader workers")
     ap.add_argument("--only", choices=sorted(MODELS), nargs="+", default=sorted(MODELS, reverse=True))
     ap.add_argument("--dry", action="store_true", help="CPU, fp32, tiny shapes, a few steps")
@@ -230,11 +328,18 @@ def main() -> int:
     from study.pretrain.evaluate import matmul_peak_flops
     from throughput import ours
 
-    args.impl = dict(kv.split("=", 1) for kv in args.impl)   # pydantic parses "true", "max", "2"
+    args.impl = dict(kv.split("=", 1) for kv in args.impl)  # pydantic parses "true", "max", "2"
     args.corpus = args.corpus or (["embedded"] if args.dry else _corpus_default())
     if args.dry:
         args.device, args.precision, args.vocab, args.seq, args.batch = "cpu", "fp32", 2048, 64, 8
-        args.steps, args.ft_steps, models, n, dtype, warm = min(args.steps, 4), min(args.ft_steps, 3), DRY_MODELS, 512, torch.float32, 1
+        args.steps, args.ft_steps, models, n, dtype, warm = (
+            min(args.steps, 4),
+            min(args.ft_steps, 3),
+            DRY_MODELS,
+            512,
+            torch.float32,
+            1,
+        )
         args.warm, args.impl = 1, {"log_every": 1, **args.impl}
     else:
         if not torch.cuda.is_available():
@@ -254,11 +359,20 @@ def main() -> int:
 
     device = torch.device(args.device)
     if device.type == "cuda":
-        save("device", {"name": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                        "cuda": torch.version.cuda})
+        save(
+            "device",
+            {
+                "name": torch.cuda.get_device_name(device),
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+            },
+        )
     peak = matmul_peak_flops(str(device) if device.type == "cuda" else "cpu", n=n, budget_s=2.0, dtype=dtype)
     save("peak", {"flops": peak, "kind": f"{args.precision} matmul {n}^3"})
-    print(f"{args.device} {args.precision} matmul peak {peak / 1e12:.3g} TFLOP/s ({n}^3, measured now)", flush=True)
+    print(
+        f"{args.device} {args.precision} matmul peak {peak / 1e12:.3g} TFLOP/s ({n}^3, measured now)",
+        flush=True,
+    )
     layout = Layout(root=Path(args.results) if args.results else out / "results")
     summary = {}
     for name in args.only:
@@ -266,40 +380,58 @@ def main() -> int:
         prepared = prepare_data(cfg, layout, progress=False)
         vocab = len(prepared.tokenizer)
         fpt = model_flops_per_token(cfg.model, args.seq, vocab, 0.15 * args.seq, sparse=True)
-        print(f"[{name}] {models[name]} vocab {vocab}, seq {args.seq}, batch {args.batch}, {args.steps} steps", flush=True)
+        print(
+            f"[{name}] {models[name]} vocab {vocab}, seq {args.seq}, batch {args.batch}, {args.steps} steps",
+            flush=True,
+        )
         o = ours(cfg, layout)
-        hist = [json.loads(x) for x in (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()]
+        hist = [
+            json.loads(x) for x in (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
+        ]
         o["steady_tokens_per_s"], o["warm_steps"] = steady_ours(hist, args.warm), args.warm
         o["mfu_vs_peak"] = fpt * o["tokens_per_s"] / peak
         o["steady_mfu_vs_peak"] = fpt * o["steady_tokens_per_s"] / peak if o["steady_tokens_per_s"] else None
         save(f"{name}/ours", o)
         st = lambda r, k: f"{r[k]:,.0f}" if r.get(k) else "-"  # noqa: E731
-        print(f"[{name}] ours     {o['tokens_per_s']:,.0f} tok/s over the run, {st(o, 'steady_tokens_per_s')} after "
-              f"step {args.warm}  mfu {o['mfu_vs_peak']:.3f} / {o['steady_mfu_vs_peak'] or float('nan'):.3f}  "
-              f"(loss@{o['steps']} {o['loss']:.3f})", flush=True)
+        print(
+            f"[{name}] ours     {o['tokens_per_s']:,.0f} tok/s over the run, {st(o, 'steady_tokens_per_s')} after "
+            f"step {args.warm}  mfu {o['mfu_vs_peak']:.3f} / {o['steady_mfu_vs_peak'] or float('nan'):.3f}  "
+            f"(loss@{o['steps']} {o['loss']:.3f})",
+            flush=True,
+        )
         torch.cuda.empty_cache() if device.type == "cuda" else None
         b = baseline(cfg, prepared, args.steps, args.workers, device, args.warm)
         b["mfu_vs_peak"] = fpt * b["tokens_per_s"] / peak
         b["steady_mfu_vs_peak"] = fpt * b["steady_tokens_per_s"] / peak if b["steady_tokens_per_s"] else None
         save(f"{name}/baseline", b)
-        print(f"[{name}] Trainer  {b['tokens_per_s']:,.0f} tok/s over the run, {st(b, 'steady_tokens_per_s')} after "
-              f"step {args.warm}  mfu {b['mfu_vs_peak']:.3f} / {b['steady_mfu_vs_peak'] or float('nan'):.3f}  "
-              f"(loss@{b['steps']} {b['loss'] if b['loss'] is None else round(b['loss'], 3)})", flush=True)
+        print(
+            f"[{name}] Trainer  {b['tokens_per_s']:,.0f} tok/s over the run, {st(b, 'steady_tokens_per_s')} after "
+            f"step {args.warm}  mfu {b['mfu_vs_peak']:.3f} / {b['steady_mfu_vs_peak'] or float('nan'):.3f}  "
+            f"(loss@{b['steps']} {b['loss'] if b['loss'] is None else round(b['loss'], 3)})",
+            flush=True,
+        )
         # the headline: steady state on both sides (a compiled step spends its first steps compiling)
-        key = "steady_tokens_per_s" if o["steady_tokens_per_s"] and b["steady_tokens_per_s"] else "tokens_per_s"
+        key = (
+            "steady_tokens_per_s" if o["steady_tokens_per_s"] and b["steady_tokens_per_s"] else "tokens_per_s"
+        )
         mfu = o["steady_mfu_vs_peak"] if key == "steady_tokens_per_s" else o["mfu_vs_peak"]
         print(f"[{name}] ratio {o[key] / b[key]:.2f} ({key})", flush=True)
         summary[name] = (o[key] / b[key], mfu)
         torch.cuda.empty_cache() if device.type == "cuda" else None
         f = finetune_speed(cfg, vocab, args.ft_steps, warm)
         save(f"{name}/finetune", f)
-        print(f"[{name}] fine-tune: {f['batched_steps_per_s']:.2f} batched steps/s x {f['seeds']} seeds = "
-              f"{f['batched_seed_steps_per_s']:.1f} seed-steps/s; sequential {f['sequential_seed_steps_per_s']:.1f} "
-              f"seed-steps/s ({f['speedup']:.2f}x)", flush=True)
+        print(
+            f"[{name}] fine-tune: {f['batched_steps_per_s']:.2f} batched steps/s x {f['seeds']} seeds = "
+            f"{f['batched_seed_steps_per_s']:.1f} seed-steps/s; sequential {f['sequential_seed_steps_per_s']:.1f} "
+            f"seed-steps/s ({f['speedup']:.2f}x)",
+            flush=True,
+        )
         shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)
     fmt = lambda name, i: f"{summary[name][i]:.3f}" if name in summary else "nan"  # noqa: E731
     save("summary", {k: {"ratio": v[0], "mfu": v[1]} for k, v in summary.items()})
-    print(f"gpu ratio_base={fmt('base', 0)} ratio_gpu={fmt('gpu', 0)} mfu_base={fmt('base', 1)} mfu_gpu={fmt('gpu', 1)}")
+    print(
+        f"gpu ratio_base={fmt('base', 0)} ratio_gpu={fmt('gpu', 0)} mfu_base={fmt('base', 1)} mfu_gpu={fmt('gpu', 1)}"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ tokens/s against the default measured in the same run; the losses show the varia
 
 Last line, exactly: `impl_speed workers1=<x> sdpa=<y> workers1_sdpa=<z> plan_step_ratio=<measured/plan>`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,15 +25,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-VARIANTS = {"default": {}, "workers1": {"workers": 1}, "sdpa": {"attention": "sdpa"},
-            "workers1_sdpa": {"workers": 1, "attention": "sdpa"}}
+VARIANTS = {
+    "default": {},
+    "workers1": {"workers": 1},
+    "sdpa": {"attention": "sdpa"},
+    "workers1_sdpa": {"workers": 1, "attention": "sdpa"},
+}
 
 
 def variant(cfg, steps: int, impl: dict):
     from study.config import RunConfig
+
     d = cfg.model_dump(mode="json")
     d["train"]["amount"] = steps
-    d["impl"].update(progress=False, checkpoint_every=10 ** 6, **impl)
+    d["impl"].update(progress=False, checkpoint_every=10**6, **impl)
     return RunConfig.model_validate(d)
 
 
@@ -55,14 +61,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, impl in VARIANTS.items():
             cfg = variant(base, args.steps, impl)
-            assert cfg.data_hash() == prepared.dir.name   # only train.amount and impl changed
+            assert cfg.data_hash() == prepared.dir.name  # only train.amount and impl changed
             lay = Layout(root=Path(tmp) / name)
             shutil.copytree(prepared.dir, lay.data_dir(cfg.data_hash()))
             m = out[name] = train_run(cfg, lay, quiet=True)
-            print(f"{name:14} {m['tokens_per_s']:>10.0f} tok/s  {1e3 * m['time_s'] / m['steps']:6.1f} ms/step  "
-                  f"mfu {m['mfu']:.3f} ({m['peak_kind']}, {m['peak_flops'] / 1e12:.1f} TFLOP/s)  "
-                  f"final loss {m['final_loss']:.4f}  ref loss {m['ref_mlm_loss']:.4f}  {m['device']} "
-                  f"{m['precision']}", flush=True)
+            print(
+                f"{name:14} {m['tokens_per_s']:>10.0f} tok/s  {1e3 * m['time_s'] / m['steps']:6.1f} ms/step  "
+                f"mfu {m['mfu']:.3f} ({m['peak_kind']}, {m['peak_flops'] / 1e12:.1f} TFLOP/s)  "
+                f"final loss {m['final_loss']:.4f}  ref loss {m['ref_mlm_loss']:.4f}  {m['device']} "
+                f"{m['precision']}",
+                flush=True,
+            )
     plan = time_pretrain_step(variant(base, args.steps, {}))
     measured = out["default"]["time_s"] / out["default"]["steps"]
     print(f"plan's step {1e3 * plan:.1f} ms vs measured {1e3 * measured:.1f} ms (default impl)")

@@ -12,6 +12,7 @@ with the ratio against doc_sentences measured in the same run.
 
 Last line, exactly: `instances doc_sentences=<tok/s> full_sentences=<tok/s> segment_pair=<tok/s>` (CPU time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
-BOOKS = ["pg11.txt", "pg35.txt", "pg55.txt", "pg219.txt", "pg2500.txt", "pg23.txt", "pg863.txt",
-         "pg36.txt", "pg2852.txt", "pg308.txt", "pg120.txt", "pg74.txt", "pg408.txt", "pg174.txt"]
+BOOKS = [
+    "pg11.txt",
+    "pg35.txt",
+    "pg55.txt",
+    "pg219.txt",
+    "pg2500.txt",
+    "pg23.txt",
+    "pg863.txt",
+    "pg36.txt",
+    "pg2852.txt",
+    "pg308.txt",
+    "pg120.txt",
+    "pg74.txt",
+    "pg408.txt",
+    "pg174.txt",
+]
 _SENT = re.compile(r"(?<=[.!?])[\"'’”)]*\s+(?=[\"'“‘(]?[A-Z])")
 FORMATS = [("doc_sentences", "none"), ("full_sentences", "none"), ("segment_pair", "nsp")]
 
@@ -40,12 +55,13 @@ def corpus(work: Path):
     from study.config import TokenizerConfig
     from study.data.corpus import read_utf8, strip_gutenberg
     from study.data.tokenizer import continuation_mask, special_ids, tokenize_docs, train_tokenizer
+
     docs = []
     for b in BOOKS:
         body = strip_gutenberg(read_utf8(GUTENBERG / b))
         paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
         for k in range(0, len(paras), 40):
-            sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]
+            sents = [s for p in paras[k : k + 40] for s in _SENT.split(p) if s.strip()]
             if sents:
                 docs.append(sents)
     tok = train_tokenizer(docs[:200], TokenizerConfig(vocab_size=8192), work / "tok")
@@ -60,13 +76,14 @@ def masking_ms(split, special, cont, repeat: int) -> None:
     from study.config import MaskingConfig, ObjectiveConfig
     from study.data.instances import build_instances
     from study.data.masking import mask_rows
+
     inst = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none"), special, seed=0)
     batch, cont = torch.as_tensor(inst.input_ids[:32]).long(), torch.as_tensor(cont)
     keys = [(0, i, 0) for i in range(32)]
     ms = {}
     for unit in ("token", "whole_word", "span"):
         cfg = MaskingConfig(unit=unit)
-        mask_rows(batch, cfg, special, cont, keys)   # warm-up
+        mask_rows(batch, cfg, special, cont, keys)  # warm-up
         best = float("inf")
         for _ in range(max(repeat, 1)):
             c0 = time.process_time()
@@ -74,8 +91,10 @@ def masking_ms(split, special, cont, repeat: int) -> None:
                 mask_rows(batch, cfg, special, cont, keys)
             best = min(best, (time.process_time() - c0) / 5 * 1e3)
         ms[unit] = best
-    print("\nmasking one 32 x 128 batch (CPU ms): " + ", ".join(
-        f"{u} {v:.1f} ({v / ms['token']:.2f}x token)" for u, v in ms.items()))
+    print(
+        "\nmasking one 32 x 128 batch (CPU ms): "
+        + ", ".join(f"{u} {v:.1f} ({v / ms['token']:.2f}x token)" for u, v in ms.items())
+    )
 
 
 def main() -> int:
@@ -84,7 +103,9 @@ def main() -> int:
     ap.add_argument("--max-seq-len", type=int, default=128)
     args = ap.parse_args()
     if not GUTENBERG.exists():
-        print(f"Gutenberg texts not found at {GUTENBERG} (see ../shared/data/PROVENANCE.md): nothing measured")
+        print(
+            f"Gutenberg texts not found at {GUTENBERG} (see ../shared/data/PROVENANCE.md): nothing measured"
+        )
         return 2
 
     from study.config import ObjectiveConfig
@@ -94,9 +115,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         split, special, cont = corpus(Path(tmp))
-        print(f"corpus: {split.n_tokens:,} tokens, tokenizer trained and text tokenized in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"corpus: {split.n_tokens:,} tokens, tokenizer trained and text tokenized in {time.perf_counter() - t0:.1f}s"
+        )
 
-    print(f"\n{'format':15} {'sentence':8} {'rows':>8} {'tokens/CPU-s':>13} {'tokens/s':>12} {'vs doc_sentences':>17}")
+    print(
+        f"\n{'format':15} {'sentence':8} {'rows':>8} {'tokens/CPU-s':>13} {'tokens/s':>12} {'vs doc_sentences':>17}"
+    )
     rates = {}
     for fmt, sent in FORMATS:
         obj = ObjectiveConfig(format=fmt, sentence=sent, max_seq_len=args.max_seq_len)
@@ -110,8 +135,10 @@ def main() -> int:
         wall, cpu, rows = best
         rates[fmt] = split.n_tokens / max(cpu, 1e-9)
         ratio = rates[fmt] / rates["doc_sentences"]
-        print(f"{fmt:15} {sent:8} {rows:>8,} {rates[fmt]:>13,.0f} {split.n_tokens / max(wall, 1e-9):>12,.0f} "
-              f"{ratio:>16.2f}x")
+        print(
+            f"{fmt:15} {sent:8} {rows:>8,} {rates[fmt]:>13,.0f} {split.n_tokens / max(wall, 1e-9):>12,.0f} "
+            f"{ratio:>16.2f}x"
+        )
     masking_ms(split, special, cont, args.repeat)
     print(f"\nload average now {os.getloadavg()[0]:.2f}")
     print("instances " + " ".join(f"{fmt}={rates[fmt]:.0f}" for fmt, _ in FORMATS))

@@ -11,6 +11,7 @@ over chunked's, measured in the same process; both are fp32. That the two give t
 
 Last line, exactly: `mlm_loss ratio_<rate>=<torch/chunked> ...` for each rate, e.g. ratio_0.15=1.21.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,11 @@ def main() -> None:
                 best[choice] = min(best.get(choice, t), t)
         rate = run.config.masking.rate
         ratios[rate] = best["torch"] / best["chunked"]
-        print(f"rate {rate:g}: step {1e3 * best['torch']:.1f} ms (torch) vs {1e3 * best['chunked']:.1f} ms "
-              f"(chunked), ratio {ratios[rate]:.2f}", flush=True)
+        print(
+            f"rate {rate:g}: step {1e3 * best['torch']:.1f} ms (torch) vs {1e3 * best['chunked']:.1f} ms "
+            f"(chunked), ratio {ratios[rate]:.2f}",
+            flush=True,
+        )
     print("mlm_loss " + " ".join(f"ratio_{r:g}={v:.2f}" for r, v in ratios.items()))
 
 

@@ -13,6 +13,7 @@ Tokens: grid = sum of metrics.json tokens_seen; search = sum of the tokens each 
 Last line, exactly: `search tokens_ratio=<search tokens / grid tokens> best_bucket_match=<yes|no>`.
 Corpus: WikiText-2 valid (../shared/data) when present, else a synthetic corpus (stated in the output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ GRID = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
 
 def synthetic_corpus(folder: Path) -> str:
     import numpy as np
+
     rng = np.random.default_rng(0)
     subj = "the cat|the dog|a bird|my friend|the teacher|a child|the farmer|our neighbor".split("|")
     verb = "sees|likes|finds|takes|wants|brings|makes|holds".split("|")
@@ -46,8 +48,10 @@ def synthetic_corpus(folder: Path) -> str:
         sents = []
         for _ in range(int(rng.integers(3, 8))):
             i = int(rng.integers(len(subj)))
-            sents.append(f"{subj[i].capitalize()} {verb[(i + int(rng.integers(2))) % 8]} "
-                         f"{obj[int(rng.integers(len(obj)))]} {adv[i]}.")
+            sents.append(
+                f"{subj[i].capitalize()} {verb[(i + int(rng.integers(2))) % 8]} "
+                f"{obj[int(rng.integers(len(obj)))]} {adv[i]}."
+            )
         docs.append(" ".join(sents))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "synthetic.txt").write_text("\n\n".join(docs) + "\n")
@@ -56,6 +60,7 @@ def synthetic_corpus(folder: Path) -> str:
 
 def write_spec(path: Path, source: str, steps: int, trials: int) -> Path:
     import yaml
+
     eval_every = max(1, steps // 10)
     doc = {
         "name": "bench-mask-rate",
@@ -65,12 +70,24 @@ def write_spec(path: Path, source: str, steps: int, trials: int) -> Path:
             "tokenizer": {"vocab_size": 2048},
             "objective": {"format": "doc_sentences", "sentence": "none", "max_seq_len": 64},
             "model": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 256, "max_positions": 64},
-            "train": {"budget": "steps", "amount": steps, "batch_size": 16, "lr": 2e-3, "eval_sequences": 128},
-            "impl": {"eval_every": eval_every, "checkpoint_every": eval_every * 5, "threads": 1, "progress": False},
+            "train": {
+                "budget": "steps",
+                "amount": steps,
+                "batch_size": 16,
+                "lr": 2e-3,
+                "eval_sequences": 128,
+            },
+            "impl": {
+                "eval_every": eval_every,
+                "checkpoint_every": eval_every * 5,
+                "threads": 1,
+                "progress": False,
+            },
         },
         "factors": {"masking.rate": GRID},
         "search": {
-            "objective": "ref_mlm_loss", "n_trials": trials,
+            "objective": "ref_mlm_loss",
+            "n_trials": trials,
             "sampler": {"kind": "tpe", "seed": 0, "n_startup_trials": 3},
             "pruner": {"kind": "median", "n_startup_trials": 2, "n_warmup_steps": 2 * eval_every},
             "params": {"masking.rate": {"low": 0.05, "high": 0.5, "step": 0.05}},
@@ -91,6 +108,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, help="working folder (default: a temp folder, removed)")
     args = ap.parse_args()
     import torch
+
     torch.set_num_threads(1)
     from optuna.trial import TrialState
     from study.data.prepare import prepare_data
@@ -118,8 +136,11 @@ def main() -> None:
         m = train_run(run.config, grid_l, quiet=True)
         grid[run.factors["masking.rate"]] = m["ref_mlm_loss"]
         grid_tokens += int(m["tokens_seen"])
-        print(f"grid  masking.rate={run.factors['masking.rate']:<5} ref_mlm_loss={m['ref_mlm_loss']:.4f} "
-              f"tokens={int(m['tokens_seen'])}", flush=True)
+        print(
+            f"grid  masking.rate={run.factors['masking.rate']:<5} ref_mlm_loss={m['ref_mlm_loss']:.4f} "
+            f"tokens={int(m['tokens_seen'])}",
+            flush=True,
+        )
     t_grid = time.perf_counter() - t0
     grid_best = min(grid, key=grid.get)
 
@@ -132,9 +153,11 @@ def main() -> None:
         search_tokens += tok
         rate = t.user_attrs.get("settings", {}).get("masking.rate")
         last = max(t.intermediate_values) if t.intermediate_values else None
-        print(f"trial {t.number:>2} {t.state.name:8} masking.rate={rate:<5} bucket={bucket(rate):<5} "
-              f"value={t.value if t.value is not None else float('nan'):.4f} last_step={last} tokens={tok}"
-              f"{' (reused)' if t.user_attrs.get('reused') else ''}")
+        print(
+            f"trial {t.number:>2} {t.state.name:8} masking.rate={rate:<5} bucket={bucket(rate):<5} "
+            f"value={t.value if t.value is not None else float('nan'):.4f} last_step={last} tokens={tok}"
+            f"{' (reused)' if t.user_attrs.get('reused') else ''}"
+        )
     # cross-check from the run folders alone: the tokens each search run folder has seen
     folder_tokens = 0
     for d in (work / "search" / "runs").iterdir():
@@ -145,14 +168,20 @@ def main() -> None:
     best = min(complete, key=lambda t: t.value)
     best_rate = best.user_attrs["settings"]["masking.rate"]
     ratio = search_tokens / grid_tokens
-    print(f"grid:   {len(study.runs)} runs, {grid_tokens:,} tokens, {t_grid:.0f}s; best masking.rate={grid_best} "
-          f"(ref_mlm_loss {grid[grid_best]:.4f})")
-    print(f"search: {len(ostudy.get_trials())} trials ({len(complete)} complete), {search_tokens:,} tokens "
-          f"(run folders: {folder_tokens:,}), {t_search:.0f}s; best masking.rate={best_rate} -> bucket "
-          f"{bucket(best_rate)} (ref_mlm_loss {best.value:.4f})")
+    print(
+        f"grid:   {len(study.runs)} runs, {grid_tokens:,} tokens, {t_grid:.0f}s; best masking.rate={grid_best} "
+        f"(ref_mlm_loss {grid[grid_best]:.4f})"
+    )
+    print(
+        f"search: {len(ostudy.get_trials())} trials ({len(complete)} complete), {search_tokens:,} tokens "
+        f"(run folders: {folder_tokens:,}), {t_search:.0f}s; best masking.rate={best_rate} -> bucket "
+        f"{bucket(best_rate)} (ref_mlm_loss {best.value:.4f})"
+    )
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"search tokens_ratio={ratio:.3f} best_bucket_match={'yes' if bucket(best_rate) == grid_best else 'no'}")
+    print(
+        f"search tokens_ratio={ratio:.3f} best_bucket_match={'yes' if bucket(best_rate) == grid_best else 'no'}"
+    )
 
 
 if __name__ == "__main__":

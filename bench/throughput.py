@@ -25,6 +25,7 @@ Last line, exactly: `throughput same_precision ratio_a=<x> ratio_b=<y> mfu_b=<z>
 baseline tokens/s at the same precision; mfu_b = ours on config b: the baseline's FLOPs per token x ours'
 tokens/s / that precision's peak, measured once in this run, the same numbers the baseline's MFU uses).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,34 +54,50 @@ CONFIGS = {  # the two sizes the issue names: L/H/A/I
 ATTENTION = {"auto": "eager", "fp32": "eager", "bf16": "sdpa"}
 
 
-def run_config(name: str, steps: int, threads: int, corpus: Path, precision: str = "auto",
-               dropout_masks: str = "auto"):
+def run_config(
+    name: str, steps: int, threads: int, corpus: Path, precision: str = "auto", dropout_masks: str = "auto"
+):
     from study.config import RunConfig
-    return RunConfig.model_validate({
-        "corpus": {"sources": [{"kind": "wikitext", "path": str(corpus)}]},
-        "tokenizer": {"vocab_size": 8192},
-        "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 128},
-        "model": {**CONFIGS[name], "max_positions": 128},
-        "train": {"budget": "steps", "amount": steps, "batch_size": 32, "eval_sequences": 64},
-        "impl": {"threads": threads, "precision": precision, "attention": ATTENTION[precision],
-                 "dropout_masks": dropout_masks, "progress": False, "log_every": 5,
-                 "checkpoint_every": 100000},
-    })
+
+    return RunConfig.model_validate(
+        {
+            "corpus": {"sources": [{"kind": "wikitext", "path": str(corpus)}]},
+            "tokenizer": {"vocab_size": 8192},
+            "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 128},
+            "model": {**CONFIGS[name], "max_positions": 128},
+            "train": {"budget": "steps", "amount": steps, "batch_size": 32, "eval_sequences": 64},
+            "impl": {
+                "threads": threads,
+                "precision": precision,
+                "attention": ATTENTION[precision],
+                "dropout_masks": dropout_masks,
+                "progress": False,
+                "log_every": 5,
+                "checkpoint_every": 100000,
+            },
+        }
+    )
 
 
 def ours(cfg, layout) -> dict:
     from study.pretrain.trainer import train_run
+
     shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)  # train now, not a cached result
     m = train_run(cfg, layout, quiet=True)
     hist = (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
     losses = [json.loads(h)["loss"] for h in hist if "loss" in json.loads(h)]
-    return {"tokens_per_s": m["tokens_per_s"], "loss": losses[-1], "mfu": m["mfu"], "steps": m["steps"],
-            "tokens": m["tokens_seen"], "seconds": m["time_s"]}
+    return {
+        "tokens_per_s": m["tokens_per_s"],
+        "loss": losses[-1],
+        "mfu": m["mfu"],
+        "steps": m["steps"],
+        "tokens": m["tokens_seen"],
+        "seconds": m["time_s"],
+    }
 
 
 def baseline(cfg, prepared, steps: int, precision: str) -> dict:
-    from transformers import (DataCollatorForLanguageModeling, Trainer, TrainerCallback,
-                              TrainingArguments)
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
     from study.config import ImplConfig
     from study.data.instances import build_instances
@@ -90,9 +107,14 @@ def baseline(cfg, prepared, steps: int, precision: str) -> dict:
     feats = []
     for i in range(len(inst)):
         n = int(inst.lengths[i])
-        feats.append({"input_ids": inst.input_ids[i, :n].tolist(),
-                      "token_type_ids": inst.token_type_ids[i, :n].tolist(),
-                      "attention_mask": [1] * n, "next_sentence_label": int(inst.sentence_label[i])})
+        feats.append(
+            {
+                "input_ids": inst.input_ids[i, :n].tolist(),
+                "token_type_ids": inst.token_type_ids[i, :n].tolist(),
+                "attention_mask": [1] * n,
+                "next_sentence_label": int(inst.sentence_label[i]),
+            }
+        )
     # stock model, transformers' default attention kernel, the same initial weights as ours
     model = build_model(cfg.model, len(prepared.tokenizer), True, ImplConfig(attention="sdpa"), seed=cfg.seed)
     collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
@@ -122,18 +144,40 @@ def baseline(cfg, prepared, steps: int, precision: str) -> dict:
     t = cfg.train
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=t.batch_size, max_steps=steps, learning_rate=t.lr,
-            warmup_steps=t.warmup, lr_scheduler_type="linear", weight_decay=t.weight_decay,
-            adam_beta1=t.beta1, adam_beta2=t.beta2, adam_epsilon=t.eps, max_grad_norm=t.clip,
-            logging_steps=5, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
+            output_dir=out,
+            per_device_train_batch_size=t.batch_size,
+            max_steps=steps,
+            learning_rate=t.lr,
+            warmup_steps=t.warmup,
+            lr_scheduler_type="linear",
+            weight_decay=t.weight_decay,
+            adam_beta1=t.beta1,
+            adam_beta2=t.beta2,
+            adam_epsilon=t.eps,
+            max_grad_norm=t.clip,
+            logging_steps=5,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=0,
             bf16=precision == "bf16",
-            disable_tqdm=True, seed=cfg.seed, remove_unused_columns=False)
-        trainer = Trainer(model=model, args=args, train_dataset=feats, data_collator=collate, callbacks=[clock])
+            disable_tqdm=True,
+            seed=cfg.seed,
+            remove_unused_columns=False,
+        )
+        trainer = Trainer(
+            model=model, args=args, train_dataset=feats, data_collator=collate, callbacks=[clock]
+        )
         trainer.train()
     secs = clock.t1 - clock.t0
     tokens = sum(seen[:steps])
-    return {"tokens_per_s": tokens / secs, "loss": clock.losses[-1], "steps": steps, "tokens": tokens,
-            "seconds": secs}
+    return {
+        "tokens_per_s": tokens / secs,
+        "loss": clock.losses[-1],
+        "steps": steps,
+        "tokens": tokens,
+        "seconds": secs,
+    }
 
 
 def main() -> int:
@@ -142,17 +186,25 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw"))
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "throughput"))
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="the precision of BOTH sides of the headline ratio")
+    ap.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="the precision of BOTH sides of the headline ratio",
+    )
     args = ap.parse_args()
     try:
         import accelerate  # noqa: F401 - transformers.Trainer refuses to start without it
     except ImportError:
-        print("the baseline uses transformers.Trainer, which needs `accelerate` "
-              "(pip install accelerate==1.16.0)", file=sys.stderr)
+        print(
+            "the baseline uses transformers.Trainer, which needs `accelerate` "
+            "(pip install accelerate==1.16.0)",
+            file=sys.stderr,
+        )
         return 2
 
     import torch
+
     torch.set_num_threads(args.threads)
     from study.data.prepare import prepare_data
     from study.pretrain.evaluate import matmul_peak_flops
@@ -163,14 +215,18 @@ def main() -> int:
     layout = Layout(root=Path(args.out) / "results")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
     peak = matmul_peak_flops("cpu", dtype=dtype)
-    print(f"threads {args.threads}; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)")
-    prepared = prepare_data(run_config("a", args.steps, args.threads, Path(args.corpus)), layout, progress=False)
+    print(
+        f"threads {args.threads}; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)"
+    )
+    prepared = prepare_data(
+        run_config("a", args.steps, args.threads, Path(args.corpus)), layout, progress=False
+    )
     print(f"data: vocab {len(prepared.tokenizer)}, train tokens {prepared.split('train').n_tokens:,}")
     native_bf16 = bool(cpu_has_bf16())
     print(f"native bf16 on this CPU: {native_bf16}; headline: ours and the baseline both in {args.precision}")
     other = "bf16" if args.precision == "fp32" else "fp32"
     contexts = [args.precision, other, f"{args.precision}+torch-dropout"]
-    if other == "bf16" and not native_bf16:   # emulated bf16: ~45x slower here, minutes of nothing learned
+    if other == "bf16" and not native_bf16:  # emulated bf16: ~45x slower here, minutes of nothing learned
         contexts.remove(other)
         print("ours in bf16 not run as context: this CPU emulates bf16")
     res = {}
@@ -180,8 +236,12 @@ def main() -> int:
         # (bernoulli_) to show what impl.dropout_masks="bits" (the CPU default) buys
         for prec in contexts:
             p, _, masks = prec.partition("+")
-            ours_by[prec] = ours(run_config(name, args.steps, args.threads, Path(args.corpus), p,
-                                            "torch" if masks else "auto"), layout)
+            ours_by[prec] = ours(
+                run_config(
+                    name, args.steps, args.threads, Path(args.corpus), p, "torch" if masks else "auto"
+                ),
+                layout,
+            )
             torch.set_num_threads(args.threads)
         cfg = run_config(name, args.steps, args.threads, Path(args.corpus))
         b = baseline(cfg, prepared, args.steps, args.precision)
@@ -193,15 +253,23 @@ def main() -> int:
         res[name] = (ours_by[args.precision], b, same_mfu)
         for prec, o in ours_by.items():
             same = prec == args.precision
-            print(f"config {name} {CONFIGS[name]} ours {prec}: {o['tokens_per_s']:,.0f} tok/s "
-                  f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs its own precision's peak {o['mfu']:.3f}), "
-                  f"ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}" + ("  <- headline" if same else
-                                                                         "  (not the same precision)"), flush=True)
-        print(f"config {name} baseline {args.precision}: {b['tokens_per_s']:,.0f} tok/s "
-              f"(loss@{b['steps']} {b['loss']:.3f}, mfu {b['mfu']:.3f})", flush=True)
+            print(
+                f"config {name} {CONFIGS[name]} ours {prec}: {o['tokens_per_s']:,.0f} tok/s "
+                f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs its own precision's peak {o['mfu']:.3f}), "
+                f"ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}"
+                + ("  <- headline" if same else "  (not the same precision)"),
+                flush=True,
+            )
+        print(
+            f"config {name} baseline {args.precision}: {b['tokens_per_s']:,.0f} tok/s "
+            f"(loss@{b['steps']} {b['loss']:.3f}, mfu {b['mfu']:.3f})",
+            flush=True,
+        )
     ra = res["a"][0]["tokens_per_s"] / res["a"][1]["tokens_per_s"]
     rb = res["b"][0]["tokens_per_s"] / res["b"][1]["tokens_per_s"]
-    print(f"config b ours {args.precision}, MFU on the baseline's FLOPs per token and peak: {res['b'][2]:.3f}")
+    print(
+        f"config b ours {args.precision}, MFU on the baseline's FLOPs per token and peak: {res['b'][2]:.3f}"
+    )
     print(f"throughput same_precision ratio_a={ra:.2f} ratio_b={rb:.2f} mfu_b={res['b'][2]:.3f}")
     return 0
 

@@ -3,6 +3,7 @@
 A `StudyError` (bad spec, bad input) prints one clear message and exits 2 before anything is
 written. Each subcommand's work lives in its own module; this file only wires them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from study.errors import EXIT_CTRL_C, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
+from study.errors import (
+    EXIT_CTRL_C,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Diverged,
+    Interrupted,
+    StudyError,
+)
 from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
 from study.rundir import RunDir
 
@@ -29,11 +38,13 @@ def _study(args):
 def _load_checked(path, profile):
     """The spec, with its `search:` block checked too (keys, ranges, objective) when it has one."""
     from study.studies.spec import load_study
+
     if profile is not None and not safe_name(profile):  # it names folders (results/studies/<name>-<profile>)
         raise StudyError(f"{profile!r} is not a profile name", field="--profile", allowed=SAFE_NAME_ALLOWED)
     study = load_study(path, profile=profile)
     if study.spec.search is not None:
         from study.search import load_search  # lazy like load_study: `study --help` stays light
+
         load_search(path, profile=profile)
     return study
 
@@ -41,17 +52,24 @@ def _load_checked(path, profile):
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args) -> int:
     from study.studies.spec import load_study
+
     for path in args.specs:
         study = _load_checked(path, args.profile)
-        if args.profile is None:  # every profile's values too (not its corpus files: this machine may lack them)
+        if (
+            args.profile is None
+        ):  # every profile's values too (not its corpus files: this machine may lack them)
             for name in study.spec.profiles:
                 try:
                     load_study(path, profile=name, fingerprint=False)
                 except StudyError as exc:  # say which profile, unless the field already does (profiles.<p>.x)
                     if (exc.field or "").startswith(f"profiles.{name}."):
                         raise
-                    raise StudyError(f"{exc.message} (with --profile {name})", field=exc.field,
-                                     allowed=exc.allowed, source=exc.source) from None
+                    raise StudyError(
+                        f"{exc.message} (with --profile {name})",
+                        field=exc.field,
+                        allowed=exc.allowed,
+                        source=exc.source,
+                    ) from None
         print(f"{path}: ok ({len(study.runs)} runs)")
     return 0
 
@@ -64,12 +82,19 @@ def _left_to_train(runs, layout: Layout) -> list:
 
 def cmd_plan(args) -> int:
     from study.parallel import resolve_jobs, with_threads
-    from study.studies.cost import (estimate_seconds, finetune_is_bound, makespan, param_count, planned_tokens,
-                                    study_finetune_seconds)
+    from study.studies.cost import (
+        estimate_seconds,
+        finetune_is_bound,
+        makespan,
+        param_count,
+        planned_tokens,
+        study_finetune_seconds,
+    )
+
     study, layout = _study(args), _layout(args)
     if args.detect is not None:
         return _plan_detect(args, study, layout)
-    if args.sd is not None:   # silently ignoring it would look like an answer that used it
+    if args.sd is not None:  # silently ignoring it would look like an answer that used it
         raise StudyError("is used only with --detect", field="--sd", allowed="--detect EFFECT --sd SD")
     # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
     jobs = resolve_jobs(args.jobs, _left_to_train(study.runs, layout))
@@ -79,12 +104,21 @@ def cmd_plan(args) -> int:
         t = run.config.train
         secs = None if args.no_time else estimate_seconds(with_threads(run.config, jobs))
         ft = ft_runs.get(run.run_hash)
-        rows.append({"hash": run.run_hash, "label": run.label, "seed": run.seed, "status": run.status(layout),
-                     "factors": run.factors, "est_tokens": planned_tokens(run.config),
-                     "est_seconds": round(secs, 3) if secs is not None else None,
-                     "est_finetune_seconds": round(ft, 3) if ft is not None else None,
-                     "finetune_upper_bound": finetune_is_bound(run.config),
-                     "budget": f"{t.amount:g} {t.budget}", "params_M": round(param_count(run.config) / 1e6, 2)})
+        rows.append(
+            {
+                "hash": run.run_hash,
+                "label": run.label,
+                "seed": run.seed,
+                "status": run.status(layout),
+                "factors": run.factors,
+                "est_tokens": planned_tokens(run.config),
+                "est_seconds": round(secs, 3) if secs is not None else None,
+                "est_finetune_seconds": round(ft, 3) if ft is not None else None,
+                "finetune_upper_bound": finetune_is_bound(run.config),
+                "budget": f"{t.amount:g} {t.budget}",
+                "params_M": round(param_count(run.config) / 1e6, 2),
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -92,8 +126,10 @@ def cmd_plan(args) -> int:
     print(f"{'hash':12}  {'status':8}  {'seed':>4}  {'params':>7}  {'tokens':>10}  {'est.time':>8}  label")
     for r in rows:
         est = f"{r['est_seconds'] / 60:.1f}min" if r["est_seconds"] is not None else "-"
-        print(f"{r['hash']:12}  {r['status']:8}  {r['seed']:>4}  {r['params_M']:>6}M  "
-              f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}")
+        print(
+            f"{r['hash']:12}  {r['status']:8}  {r['seed']:>4}  {r['params_M']:>6}M  "
+            f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}"
+        )
     total = sum(r["est_tokens"] or 0 for r in rows)
     pending = [r["est_seconds"] or 0 for r in rows if r["status"] != "done"]
     print(f"total: {total:,} training tokens")
@@ -106,18 +142,31 @@ def cmd_plan(args) -> int:
         ft_text = "unknown (task data not on disk)"
     else:
         amount = f"{ft_wall / 60:.0f} min" if jobs == 1 else f"{ft_wall / 60:.0f} min wall"
-        ft_text = (f"at most {amount} (GLUE from the hub, not downloaded: its published row counts, every row "
-                   "at finetune.max_length)" if any(r["finetune_upper_bound"] for r in rows) else f"~{amount}")
+        ft_text = (
+            f"at most {amount} (GLUE from the hub, not downloaded: its published row counts, every row "
+            "at finetune.max_length)"
+            if any(r["finetune_upper_bound"] for r in rows)
+            else f"~{amount}"
+        )
     pre_wall = sum(pending) if jobs == 1 else makespan(pending, jobs)
-    pre_text = f"~{pre_wall / 60:.0f} min" if jobs == 1 else \
-        f"~{pre_wall / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
-    print(f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "
-          f"step times x steps{'; side-by-side contention not modelled' if jobs > 1 else ''}; data preparation "
-          "and evaluation not included)")
-    if ft_wall is not None:  # the figure to hold against a budget (issue 21: a cpu study within 3 h on 2 cores)
+    pre_text = (
+        f"~{pre_wall / 60:.0f} min"
+        if jobs == 1
+        else f"~{pre_wall / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
+    )
+    print(
+        f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "
+        f"step times x steps{'; side-by-side contention not modelled' if jobs > 1 else ''}; data preparation "
+        "and evaluation not included)"
+    )
+    if (
+        ft_wall is not None
+    ):  # the figure to hold against a budget (issue 21: a cpu study within 3 h on 2 cores)
         h, m = divmod(round((pre_wall + ft_wall) / 60), 60)
-        print(f"in all: ~{h} h {m:02d} min{' wall' if jobs > 1 else ''} (the two above; against cpu studies measured "
-              "whole, 5-20% low: evaluation, loading and contention are not in it)")
+        print(
+            f"in all: ~{h} h {m:02d} min{' wall' if jobs > 1 else ''} (the two above; against cpu studies measured "
+            "whole, 5-20% low: evaluation, loading and contention are not in it)"
+        )
     return 0
 
 
@@ -128,23 +177,32 @@ def _plan_detect(args, study, layout) -> int:
     from study.report.aggregate import measured_sd
     from study.report.figures import BOUNDED
     from study.report.stats import detect_plan
+
     metric = parse_metric(study.spec.report.primary_metric, field="report.primary_metric")
     bounded = metric.name in BOUNDED
     span = 2.0 if metric.name in ("matthews_corr", "pearson", "spearman") else 1.0  # the widest difference
-    d = detect_plan(args.detect, sd=args.sd, measured=measured_sd(layout.study_dir(study.name)), bounded=bounded,
-                    span=span)
+    d = detect_plan(
+        args.detect,
+        sd=args.sd,
+        measured=measured_sd(layout.study_dir(study.name)),
+        bounded=bounded,
+        span=span,
+    )
     unit = (lambda v: f"{100 * v:.2g} pp") if bounded else (lambda v: f"{v:.3g}")  # noqa: E731
     seeds = f"{d['seeds']} pre-training seeds" if d["seeds"] else "more than 10,000 pre-training seeds"
-    print(f"study {study.name}, primary metric {metric}: to detect a difference of {unit(d['effect'])} with "
-          f"{100 * d['power']:.0f}% power (two-sided paired t-test, alpha {d['alpha']:g}) at an SD of paired "
-          f"differences of {unit(d['sd'])} ({d['sd_source']}): {seeds} per level.")
+    print(
+        f"study {study.name}, primary metric {metric}: to detect a difference of {unit(d['effect'])} with "
+        f"{100 * d['power']:.0f}% power (two-sided paired t-test, alpha {d['alpha']:g}) at an SD of paired "
+        f"differences of {unit(d['sd'])} ({d['sd_source']}): {seeds} per level."
+    )
     return 0
 
 
 def cmd_data(args) -> int:
     from study.data.prepare import describe, prepare_data
+
     study = _study(args)
-    if args.samples < 0:   # checked before the data is prepared
+    if args.samples < 0:  # checked before the data is prepared
         raise StudyError(f"got {args.samples}", field="--samples", allowed="an integer >= 0")
     prepared = prepare_data(study.runs[0].config, _layout(args), progress=not args.quiet)
     print(describe(prepared, n=args.samples))
@@ -153,11 +211,13 @@ def cmd_data(args) -> int:
 
 def cmd_prepare(args) -> int:
     from study.data.prepare import prepare_data
+
     study = _study(args)
     known = sorted({r.config.data_hash() for r in study.runs})
-    if unknown := sorted(set(args.data or []) - set(known)):   # all checked before any is prepared
-        raise StudyError(f"no run of this spec uses data {', '.join(unknown)}", field="--data",
-                         allowed=", ".join(known))
+    if unknown := sorted(set(args.data or []) - set(known)):  # all checked before any is prepared
+        raise StudyError(
+            f"no run of this spec uses data {', '.join(unknown)}", field="--data", allowed=", ".join(known)
+        )
     done = set()
     for run in study.runs:
         if run.config.data_hash() in done or (args.data and run.config.data_hash() not in args.data):
@@ -175,11 +235,13 @@ def cmd_pretrain(args) -> int:
     --jobs N trains N runs side by side, one process each (study/parallel.py), the longest (in training
     FLOPs) first."""
     from study.parallel import resolve_jobs, run_all, with_threads
+
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
     jobs = resolve_jobs(getattr(args, "jobs", 1), _left_to_train(runs, layout))
     if jobs > 1:  # the longest runs first, so that none of them starts last beside idle cores
         from study.studies.cost import training_flops
+
         runs = sorted(runs, key=lambda r: -training_flops(r.config))
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
@@ -187,15 +249,18 @@ def cmd_pretrain(args) -> int:
         worst = max(worst, code)
         rd = RunDir(layout, run.run_hash)
         rd.publish()  # metrics and loss-curve copies for `dvc metrics/plots show`
-        _progress(f"pretrain {i}/{len(runs)} {run.run_hash} {rd.status().status} in {seconds:.0f} s, "
-                  f"ref acc {_pct(rd.metrics().get('ref_mlm_acc'))}  {run.label} seed{run.seed}"
-                  + (f" ({time.monotonic() - t0:.0f} s since start, {jobs} jobs)" if jobs > 1 else ""))
+        _progress(
+            f"pretrain {i}/{len(runs)} {run.run_hash} {rd.status().status} in {seconds:.0f} s, "
+            f"ref acc {_pct(rd.metrics().get('ref_mlm_acc'))}  {run.label} seed{run.seed}"
+            + (f" ({time.monotonic() - t0:.0f} s since start, {jobs} jobs)" if jobs > 1 else "")
+        )
     return 0 if args.keep_going else worst
 
 
 def pretrain_one(cfg, layout: Layout, quiet: bool, label: str) -> tuple[int, float]:
     """One run, in this process or a --jobs worker: (exit code, seconds)."""
     from study.pretrain.trainer import train_run
+
     t0 = time.monotonic()
     # train_run holds a per-run lock: a second `study run` of the same spec waits, then reuses
     code = _guarded(RunDir(layout, cfg.run_hash()), lambda: train_run(cfg, layout, quiet=quiet), label)
@@ -205,6 +270,7 @@ def pretrain_one(cfg, layout: Layout, quiet: bool, label: str) -> tuple[int, flo
 def finetune_one(kind: str, cfg, layout: Layout, quiet: bool) -> tuple[list[dict], float]:
     """Fine-tune one run's model ("run") or its random-init baseline ("baseline"): (results, seconds)."""
     from study.downstream.finetune import finetune_baseline, finetune_run
+
     t0 = time.monotonic()
     fn = finetune_run if kind == "run" else finetune_baseline
     return fn(cfg, layout, quiet=quiet), time.monotonic() - t0
@@ -229,11 +295,16 @@ def _ft_summary(results: list[dict]) -> str:
             by.setdefault((r["task"], r["mode"], r.get("primary_metric")), []).append(r["primary"])
     skipped = sorted({r["task"] for r in results if "skipped" in r})
     diverged = sorted((r["task"], r["seed"]) for r in results if "diverged" in r)
-    parts = [f"{t} {m} {_pct(sum(v) / len(v))}" if pm in ("accuracy", "f1", None)
-             else f"{t} {m} {pm} {sum(v) / len(v):.3f}"
-             for (t, m, pm), v in sorted(by.items(), key=lambda kv: kv[0][:2])]
-    return ", ".join(parts + [f"{t} skipped" for t in skipped]
-                     + [f"{t} seed {s} DIVERGED" for t, s in diverged]) or "no results"
+    parts = [
+        f"{t} {m} {_pct(sum(v) / len(v))}"
+        if pm in ("accuracy", "f1", None)
+        else f"{t} {m} {pm} {sum(v) / len(v):.3f}"
+        for (t, m, pm), v in sorted(by.items(), key=lambda kv: kv[0][:2])
+    ]
+    return (
+        ", ".join(parts + [f"{t} skipped" for t in skipped] + [f"{t} seed {s} DIVERGED" for t, s in diverged])
+        or "no results"
+    )
 
 
 def cmd_finetune(args) -> int:
@@ -241,6 +312,7 @@ def cmd_finetune(args) -> int:
     --jobs N fine-tunes N models side by side, one process each (study/parallel.py)."""
     from study.io import atomic_write_json
     from study.parallel import resolve_jobs, run_all, with_threads
+
     study, layout = _study(args), _layout(args)
     resolve_jobs(getattr(args, "jobs", 1), [])  # a bad --jobs fails here, before a skipped.json is written
     items = []  # (progress label, (kind, config, layout, quiet))
@@ -248,8 +320,11 @@ def cmd_finetune(args) -> int:
         for key in args.baseline:
             matches = [r for r in study.runs if r.config.finetune.baseline and r.config.baseline_key() == key]
             if not matches:
-                raise StudyError(f"no run of this spec has the baseline {key}", field="--baseline",
-                                 allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none")
+                raise StudyError(
+                    f"no run of this spec has the baseline {key}",
+                    field="--baseline",
+                    allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none",
+                )
             items.append((f"baseline {key}", ("baseline", matches[0].config, layout, args.quiet)))
     else:
         runs = study.select(args.run)
@@ -257,23 +332,35 @@ def cmd_finetune(args) -> int:
             status = run.status(layout)
             if status != "done":
                 # the folder must exist for DVC (a declared output); the reason is kept in it
-                atomic_write_json(layout.finetune_dir(run.run_hash) / "skipped.json",
-                                  {"run_key": run.run_hash, "skipped": f"pre-training is {status}"})
+                atomic_write_json(
+                    layout.finetune_dir(run.run_hash) / "skipped.json",
+                    {"run_key": run.run_hash, "skipped": f"pre-training is {status}"},
+                )
                 print(f"skip fine-tuning {run.label}: pre-training is {status}", file=sys.stderr)
                 continue
-            items.append((f"finetune {run.run_hash} {run.label} seed{run.seed}",
-                          ("run", run.config, layout, args.quiet)))
+            items.append(
+                (
+                    f"finetune {run.run_hash} {run.label} seed{run.seed}",
+                    ("run", run.config, layout, args.quiet),
+                )
+            )
         if not args.run:  # a whole study: its random-init baselines too
             seen = set()
             for run in study.runs:
                 if run.config.finetune.baseline and run.config.baseline_key() not in seen:
                     seen.add(run.config.baseline_key())
-                    items.append((f"baseline {run.config.baseline_key()}",
-                                  ("baseline", run.config, layout, args.quiet)))
+                    items.append(
+                        (
+                            f"baseline {run.config.baseline_key()}",
+                            ("baseline", run.config, layout, args.quiet),
+                        )
+                    )
     jobs = resolve_jobs(getattr(args, "jobs", 1), [cfg for _, (_, cfg, _, _) in items])
     items = [(label, (kind, with_threads(cfg, jobs), lay, quiet)) for label, (kind, cfg, lay, quiet) in items]
     for i, (label, (res, seconds)) in enumerate(run_all(finetune_one, items, jobs), 1):
-        _progress(f"{label} ({i}/{len(items)}) done in {seconds:.0f} s: {_ft_summary(res)}  ({study.name} recipe)")
+        _progress(
+            f"{label} ({i}/{len(items)}) done in {seconds:.0f} s: {_ft_summary(res)}  ({study.name} recipe)"
+        )
     return 0
 
 
@@ -296,6 +383,7 @@ def _guarded(run: RunDir, fn, label: str) -> int:
 def cmd_rescore(args) -> int:
     """Score finished runs again on the fixed reference; add the metrics fields they lack (study/pretrain/rescore.py)."""
     from study.pretrain.rescore import rescore_run
+
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
     failed = added = 0
@@ -308,22 +396,27 @@ def cmd_rescore(args) -> int:
         moved = ", ".join(f"{k} {v:.2g}" for k, v in res.deviation.items() if v)
         if not res.ok:
             failed += 1
-            print(f"{run.run_hash}  MISMATCH {', '.join(res.mismatch)} (|stored - now|: {moved}; trained on "
-                  f"{res.trained_on}, scored on {res.scored_on}); left as it was  {run.label}")
+            print(
+                f"{run.run_hash}  MISMATCH {', '.join(res.mismatch)} (|stored - now|: {moved}; trained on "
+                f"{res.trained_on}, scored on {res.scored_on}); left as it was  {run.label}"
+            )
             continue
         RunDir(layout, run.run_hash).publish()
         added += bool(res.added)
         what = f"added {', '.join(res.added)}" if res.added else "up to date"
         print(f"{run.run_hash}  {what}; stored scores reproduced ({moved or 'exactly'})  {run.label}")
     if added:
-        print("next: `study aggregate` and `study report` (or `study run`, which reuses every finished run); "
-              "under DVC, `dvc repro -f -s study-<name>`: run folders are not DVC outputs, so DVC does not see "
-              "the rescore; the forced stage retrains nothing (every run is finished) and re-aggregates")
+        print(
+            "next: `study aggregate` and `study report` (or `study run`, which reuses every finished run); "
+            "under DVC, `dvc repro -f -s study-<name>`: run folders are not DVC outputs, so DVC does not see "
+            "the rescore; the forced stage retrains nothing (every run is finished) and re-aggregates"
+        )
     return 1 if failed else 0
 
 
 def cmd_aggregate(args) -> int:
     from study.report.aggregate import aggregate_study
+
     study, layout = _study(args), _layout(args)
     out = aggregate_study(study.plan_dict(layout), layout)
     print(f"aggregate written to {out}")
@@ -332,12 +425,16 @@ def cmd_aggregate(args) -> int:
 
 def cmd_report(args) -> int:
     from study.report.render import render_index, render_report
+
     study, layout = _study(args), _layout(args)
     # a search's trials table (results/search/<name>/trials.csv) is read with the search's own direction:
     # the best trial of a maximized objective is the largest value
     search = study.spec.search
-    out = render_report(layout.study_dir(study.name), layout.report_dir(study.name),
-                        search_direction=search.resolved_direction if search is not None else "minimize")
+    out = render_report(
+        layout.study_dir(study.name),
+        layout.report_dir(study.name),
+        search_direction=search.resolved_direction if search is not None else "minimize",
+    )
     render_index(layout.reports)
     print(f"report written to {out}")
     return 0
@@ -347,6 +444,7 @@ def cmd_papers(args) -> int:
     """The study's "beside the papers" rows as Markdown on stdout (from its aggregate, as the report)."""
     from study.report.papers import papers_markdown
     from study.report.render import load_study_dir
+
     study, layout = _study(args), _layout(args)
     print(papers_markdown(load_study_dir(layout.study_dir(study.name))), end="")
     return 0
@@ -355,6 +453,7 @@ def cmd_papers(args) -> int:
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
     from study.parallel import resolve_jobs
+
     resolve_jobs(args.jobs, [])  # a bad --jobs or --run fails before the data is prepared
     _study(args).select(args.run)
     args.keep_going, args.baseline, args.data = True, None, None
@@ -368,13 +467,17 @@ def cmd_curve(args) -> int:
     own folder (impl.eval_every is outside the run hash), or read from the finished run; CSV + PNG."""
     from study.pretrain.curve import curves_dir, learning_curve, select_run, summary, write_csv
     from study.report.curves import save_curve_png
+
     study, layout = _study(args), _layout(args)
     run = select_run(study, args.run)
     curve = learning_curve(run.config, layout, args.every, quiet=args.quiet)
     out = curves_dir(layout)
     write_csv(curve.rows, out / f"{curve.run_hash}.csv")
-    save_curve_png({f"{run.label}, seed {run.seed}": curve.rows}, out / f"{curve.run_hash}.png",
-                   title=f"{study.name}: run {curve.run_hash}")
+    save_curve_png(
+        {f"{run.label}, seed {run.seed}": curve.rows},
+        out / f"{curve.run_hash}.png",
+        title=f"{study.name}: run {curve.run_hash}",
+    )
     print(summary(curve, run.label, run.seed))
     print(f"curve written to {out / curve.run_hash}.csv and .png")
     return EXIT_DIVERGED if curve.status == "diverged" else 0
@@ -382,24 +485,34 @@ def cmd_curve(args) -> int:
 
 def cmd_sync(args) -> int:
     from study.studies.sync import SELECTION_FILE, stamp, write_runs_file
+
     if args.stamp:  # the last command of a dvc.yaml stage: its manifest (study/studies/sync.py)
         print(stamp(args.stamp, Path(args.out), Path(args.results), args.of))
         return 0
     if args.of is not None:
         raise StudyError("is used only with --stamp", field="--of", allowed="--stamp STAGE --of HASH")
     changed = write_runs_file(Path(args.ablations), Path(args.out))
-    print(f"{args.out} and dvc.yaml for the studies selected in {SELECTION_FILE}: "
-          f"{'updated' if changed else 'up to date'}")
+    print(
+        f"{args.out} and dvc.yaml for the studies selected in {SELECTION_FILE}: "
+        f"{'updated' if changed else 'up to date'}"
+    )
     return 0
 
 
 def cmd_select(args) -> int:
     """`study select` / `study deselect`: edit params.yaml's `studies` list, then sync (study/studies/sync.py)."""
     from study.studies.sync import change_selection
-    print(change_selection(Path(args.ablations), Path(args.out), args.spec, args.profile,
-                           add=args.command == "select"))
-    print("next: `dvc repro` reproduces the selected studies" if args.command == "select" else
-          "its stages are gone from dvc.yaml; its results stay in results/ and the DVC cache")
+
+    print(
+        change_selection(
+            Path(args.ablations), Path(args.out), args.spec, args.profile, add=args.command == "select"
+        )
+    )
+    print(
+        "next: `dvc repro` reproduces the selected studies"
+        if args.command == "select"
+        else "its stages are gone from dvc.yaml; its results stay in results/ and the DVC cache"
+    )
     return 0
 
 
@@ -416,7 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", help="a profile defined in the spec (e.g. cpu, gpu)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
         if runs:
-            sp.add_argument("--run", action="append", help="only this run: its hash, or a label (all its seeds); repeatable")
+            sp.add_argument(
+                "--run",
+                action="append",
+                help="only this run: its hash, or a label (all its seeds); repeatable",
+            )
         sp.set_defaults(fn=fn)
         return sp
 
@@ -427,43 +544,83 @@ def build_parser() -> argparse.ArgumentParser:
     plan = spec_cmd("plan", cmd_plan, "the runs table: hash, factors, status, estimated tokens and time")
     plan.add_argument("--json", action="store_true")
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
-    plan.add_argument("--jobs", default="1", help="estimate for `--jobs N|auto`: each run timed with cores/N "
-                      "threads, the wall time scheduled over N workers")
-    plan.add_argument("--detect", metavar="EFFECT", help="instead of the runs table: pre-training seeds needed to "
-                      "detect this difference on the primary metric (1pp, or 0.01 in the metric's units)")
-    plan.add_argument("--sd", type=float, help="with --detect: SD of paired differences between seeds (default: "
-                      "measured in the study's aggregate, else a 1 pp pilot guess for scores)")
-    spec_cmd("data", cmd_data, "prepare the corpus and tokenizer; print stats and decoded sample instances"
-             ).add_argument("--samples", type=int, default=3)
-    spec_cmd("prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run").add_argument(
-        "--data", action="append", help="only this data hash (repeatable; dvc.yaml's data stages)")
+    plan.add_argument(
+        "--jobs",
+        default="1",
+        help="estimate for `--jobs N|auto`: each run timed with cores/N "
+        "threads, the wall time scheduled over N workers",
+    )
+    plan.add_argument(
+        "--detect",
+        metavar="EFFECT",
+        help="instead of the runs table: pre-training seeds needed to "
+        "detect this difference on the primary metric (1pp, or 0.01 in the metric's units)",
+    )
+    plan.add_argument(
+        "--sd",
+        type=float,
+        help="with --detect: SD of paired differences between seeds (default: "
+        "measured in the study's aggregate, else a 1 pp pilot guess for scores)",
+    )
+    spec_cmd(
+        "data", cmd_data, "prepare the corpus and tokenizer; print stats and decoded sample instances"
+    ).add_argument("--samples", type=int, default=3)
+    spec_cmd(
+        "prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run"
+    ).add_argument("--data", action="append", help="only this data hash (repeatable; dvc.yaml's data stages)")
     pre = spec_cmd("pretrain", cmd_pretrain, "pre-train the study's runs (or --run HASH)", runs=True)
-    pre.add_argument("--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)")
+    pre.add_argument(
+        "--keep-going", action="store_true", help="exit 0 after recording a failed/diverged run (dvc.yaml)"
+    )
     ft = spec_cmd("finetune", cmd_finetune, "fine-tune and probe the study's finished runs", runs=True)
-    ft.add_argument("--baseline", action="append", help="only the random-init baseline with this key (repeatable)")
-    spec_cmd("rescore", cmd_rescore, "score finished runs again on the fixed reference; add the metrics "
-             "fields they lack (e.g. ref_mode_acc); exit 1 if stored scores do not reproduce", runs=True)
+    ft.add_argument(
+        "--baseline", action="append", help="only the random-init baseline with this key (repeatable)"
+    )
+    spec_cmd(
+        "rescore",
+        cmd_rescore,
+        "score finished runs again on the fixed reference; add the metrics "
+        "fields they lack (e.g. ref_mode_acc); exit 1 if stored scores do not reproduce",
+        runs=True,
+    )
     spec_cmd("aggregate", cmd_aggregate, "build the study's tidy tables from its run folders")
     spec_cmd("report", cmd_report, "render the study's HTML report from its aggregate")
-    spec_cmd("papers", cmd_papers, "print the report's \"beside the papers\" rows as Markdown (from the aggregate)")
+    spec_cmd(
+        "papers", cmd_papers, 'print the report\'s "beside the papers" rows as Markdown (from the aggregate)'
+    )
     run = spec_cmd("run", cmd_run, "everything for one study, without DVC", runs=True)
     for sp in (pre, ft, run):
-        sp.add_argument("--jobs", default="1", help="runs trained / fine-tuned side by side, one process "
-                        "each with cores/N threads (speed only: the run hashes are unchanged; default 1); auto: "
-                        "one per core when the runs train on the CPU, 1 on an accelerator (the DVC stages' choice)")
-    c = spec_cmd("curve", cmd_curve, "learning curve of one run: reference MLM accuracy/loss vs tokens and "
-                 "seconds, evals every K steps (same run folder as the study's); CSV + PNG in results/curves/")
+        sp.add_argument(
+            "--jobs",
+            default="1",
+            help="runs trained / fine-tuned side by side, one process "
+            "each with cores/N threads (speed only: the run hashes are unchanged; default 1); auto: "
+            "one per core when the runs train on the CPU, 1 on an accelerator (the DVC stages' choice)",
+        )
+    c = spec_cmd(
+        "curve",
+        cmd_curve,
+        "learning curve of one run: reference MLM accuracy/loss vs tokens and "
+        "seconds, evals every K steps (same run folder as the study's); CSV + PNG in results/curves/",
+    )
     c.add_argument("--run", help="the run's hash or label (default: the spec's first run)")
-    c.add_argument("--every", type=int, default=50, help="steps between evals when the run trains (default 50)")
+    c.add_argument(
+        "--every", type=int, default=50, help="steps between evals when the run trains (default 50)"
+    )
     s = sub.add_parser("sync", help=f"regenerate {RUNS_FILE} and dvc.yaml from the specs")
     s.add_argument("--ablations", default="ablations")
     s.add_argument("--out", default=str(RUNS_FILE))
-    s.add_argument("--stamp", metavar="STAGE", help="(dvc.yaml) write pipeline/STAGE.json, the digest of what the "
-                   "stage wrote, instead of syncing")
+    s.add_argument(
+        "--stamp",
+        metavar="STAGE",
+        help="(dvc.yaml) write pipeline/STAGE.json, the digest of what the stage wrote, instead of syncing",
+    )
     s.add_argument("--of", metavar="HASH", help="(dvc.yaml, with --stamp) what sync generated the stage for")
     s.set_defaults(fn=cmd_sync)
-    for name, help_ in (("select", "add a study (spec [at a profile]) to params.yaml's active studies, then sync"),
-                        ("deselect", "remove a study from the active studies, then sync (its results stay)")):
+    for name, help_ in (
+        ("select", "add a study (spec [at a profile]) to params.yaml's active studies, then sync"),
+        ("deselect", "remove a study from the active studies, then sync (its results stay)"),
+    ):
         sel = sub.add_parser(name, help=help_, description=help_)
         sel.add_argument("spec", help="a spec name in ablations/, e.g. nsp (or ablations/nsp.yaml)")
         sel.add_argument("--profile", help="a profile defined in the spec (e.g. cpu, gpu)")
@@ -471,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
         sel.add_argument("--out", default=str(RUNS_FILE))
         sel.set_defaults(fn=cmd_select)
     from study.search.cli import add_parser as add_search_parser  # `study search`, `study search-best`
+
     add_search_parser(sub)
     return p
 
@@ -481,7 +639,9 @@ def _check_folders(args) -> None:
         path = Path(getattr(args, flag, None) or ".")
         there = next((q for q in (path, *path.parents) if q.exists()), None)
         if there is not None and not there.is_dir():
-            raise StudyError(f"{there} is not a folder", field=f"--{flag}", allowed="a folder, or a path to make one")
+            raise StudyError(
+                f"{there} is not a folder", field=f"--{flag}", allowed="a folder, or a path to make one"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,10 +652,15 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Interrupted as exc:  # SIGTERM or Ctrl-C: runs checkpointed and stay pending; the next command resumes
+    except (
+        Interrupted
+    ) as exc:  # SIGTERM or Ctrl-C: runs checkpointed and stay pending; the next command resumes
         print(f"interrupted: {exc}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except KeyboardInterrupt:   # a second Ctrl-C, or one outside pre-training: every file written is whole
-        print("stopped at once (Ctrl-C): the same command resumes from the last checkpoint and the results "
-              "already written", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside pre-training: every file written is whole
+        print(
+            "stopped at once (Ctrl-C): the same command resumes from the last checkpoint and the results "
+            "already written",
+            file=sys.stderr,
+        )
         return EXIT_CTRL_C

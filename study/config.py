@@ -12,6 +12,7 @@ Sections are split the way cramming splits them:
   is excluded from the hash: the same run trained on a laptop or a GPU is the same
   folder.
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -46,7 +47,9 @@ def distinct_seeds(seeds: list[int]) -> list[int]:
     """A list of seeds is a list of replicates: a repeated seed is the same run listed twice."""
     dupes = sorted({s for s in seeds if seeds.count(s) > 1})
     if dupes:
-        raise ValueError(f"seed(s) {dupes} listed twice: a repeated seed is the same run again, not a replicate")
+        raise ValueError(
+            f"seed(s) {dupes} listed twice: a repeated seed is the same run again, not a replicate"
+        )
     return seeds
 
 
@@ -88,7 +91,9 @@ class CorpusSource(Strict):
     # hf only. Chosen by the config, never by the rows (one blank row must not turn a dataset of books into
     # paragraph documents), and resolved below so that it is in the run hash; None (other kinds) is left out
     # of the dump, which keeps their hashes what they were before the field existed.
-    rows: Literal["document", "lines", "wikitext"] | None = Field(default=None, exclude_if=lambda v: v is None)
+    rows: Literal["document", "lines", "wikitext"] | None = Field(
+        default=None, exclude_if=lambda v: v is None
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +163,8 @@ class ObjectiveConfig(Strict):
     def _compatible(self) -> "ObjectiveConfig":
         if self.sentence != "none" and self.format not in ("segment_pair", "sentence_pair"):
             raise ValueError(
-                f"sentence={self.sentence!r} needs format segment_pair or sentence_pair, got {self.format!r}")
+                f"sentence={self.sentence!r} needs format segment_pair or sentence_pair, got {self.format!r}"
+            )
         return self
 
 
@@ -184,7 +190,9 @@ class MaskingConfig(Strict):
     def _sum_to_one(self) -> "MaskingConfig":
         total = self.mask + self.random + self.keep
         if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"mask + random + keep must sum to 1, got {self.mask} + {self.random} + {self.keep} = {total:g}")
+            raise ValueError(
+                f"mask + random + keep must sum to 1, got {self.mask} + {self.random} + {self.keep} = {total:g}"
+            )
         return self
 
 
@@ -207,8 +215,11 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
         if self.hidden % self.heads:
-            raise cross_field_error("model.heads", f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
-                                    f"a divisor of model.hidden ({self.hidden})")
+            raise cross_field_error(
+                "model.heads",
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
+                f"a divisor of model.hidden ({self.hidden})",
+            )
         return self
 
 
@@ -249,8 +260,11 @@ class TrainConfig(Strict):
     @model_validator(mode="after")
     def _short_first(self) -> "TrainConfig":
         if self.short_fraction > 0 and self.short_len is None:
-            raise cross_field_error("train.short_len", f"train.short_fraction {self.short_fraction} needs the "
-                                    "length of the short rows", "an integer >= 8, below objective.max_seq_len")
+            raise cross_field_error(
+                "train.short_len",
+                f"train.short_fraction {self.short_fraction} needs the length of the short rows",
+                "an integer >= 8, below objective.max_seq_len",
+            )
         return self
 
     @model_validator(mode="after")
@@ -265,9 +279,12 @@ class TrainConfig(Strict):
     def _micro_batches(self) -> "TrainConfig":
         # Equal micro-batches on one process; the trainer checks the split across processes (world size).
         if self.batch_size % self.grad_accum:
-            raise cross_field_error("train.batch_size", f"batch size {self.batch_size} does not split into "
-                                    f"grad_accum ({self.grad_accum}) equal micro-batches",
-                                    f"a positive multiple of train.grad_accum ({self.grad_accum})")
+            raise cross_field_error(
+                "train.batch_size",
+                f"batch size {self.batch_size} does not split into "
+                f"grad_accum ({self.grad_accum}) equal micro-batches",
+                f"a positive multiple of train.grad_accum ({self.grad_accum})",
+            )
         return self
 
 
@@ -289,9 +306,9 @@ class FinetuneConfig(Strict):
     weight_decay: float = Field(default=0.01, ge=0)
     max_train_examples: int | None = Field(default=2000, ge=1)
     max_eval_examples: int | None = Field(default=None, ge=1)
-    probe: bool = True          # feature-based probe on the frozen encoder too
+    probe: bool = True  # feature-based probe on the frozen encoder too
     probe_layers: int = Field(default=1, ge=1)  # concatenate the last k layers' [CLS] (or means: pooling)
-    baseline: bool = True       # random-init model, same recipe
+    baseline: bool = True  # random-init model, same recipe
     # Length-grouped batches (HF's group_by_length): each run of k batches of an epoch's shuffle sorted by row
     # length, longest first, so a batch pads less. The same rows per epoch, other batches: semantic, hence
     # hashed; 0 (off, random batches) is left out of the dump so existing recipes keep their finetune_hash.
@@ -358,8 +375,11 @@ class ImplConfig(Strict):
     @model_validator(mode="after")
     def _static_shapes(self) -> "ImplConfig":
         if self.compile and self.pad_to != "max":
-            raise cross_field_error("impl.compile", "torch.compile needs static shapes: set impl.pad_to to max",
-                                    "false, or true with impl.pad_to=max")
+            raise cross_field_error(
+                "impl.compile",
+                "torch.compile needs static shapes: set impl.pad_to to max",
+                "false, or true with impl.pad_to=max",
+            )
         return self
 
 
@@ -385,15 +405,24 @@ class RunConfig(Strict):
         fine-tuning reaches them. (Rules that need the data or the world size stay in the trainer.)"""
         positions = self.model.max_positions
         if self.objective.max_seq_len > positions:
-            raise cross_field_error("objective.max_seq_len", f"{self.objective.max_seq_len} exceeds "
-                                    f"model.max_positions ({positions})", f"<= model.max_positions ({positions})")
+            raise cross_field_error(
+                "objective.max_seq_len",
+                f"{self.objective.max_seq_len} exceeds model.max_positions ({positions})",
+                f"<= model.max_positions ({positions})",
+            )
         short = self.train.short_len
         if short is not None and short >= self.objective.max_seq_len:
-            raise cross_field_error("train.short_len", f"{short} is not shorter than objective.max_seq_len "
-                                    f"({self.objective.max_seq_len})", f"8..{self.objective.max_seq_len - 1}")
+            raise cross_field_error(
+                "train.short_len",
+                f"{short} is not shorter than objective.max_seq_len ({self.objective.max_seq_len})",
+                f"8..{self.objective.max_seq_len - 1}",
+            )
         if self.finetune.max_length > positions:
-            raise cross_field_error("finetune.max_length", f"{self.finetune.max_length} exceeds "
-                                    f"model.max_positions ({positions})", f"8..{positions}")
+            raise cross_field_error(
+                "finetune.max_length",
+                f"{self.finetune.max_length} exceeds model.max_positions ({positions})",
+                f"8..{positions}",
+            )
         return self
 
     def short_phase(self) -> "RunConfig | None":
@@ -430,12 +459,13 @@ class RunConfig(Strict):
         The architecture (model section), the tokenizer/vocabulary (data_hash) and the init seed. Runs
         that differ only in objective, masking or training share one baseline.
         """
-        return "random-" + hash_obj({"model": self.model.model_dump(mode="json"), "data": self.data_hash(),
-                                     "seed": self.seed})
+        return "random-" + hash_obj(
+            {"model": self.model.model_dump(mode="json"), "data": self.data_hash(), "seed": self.seed}
+        )
 
     def finetune_hash(self) -> str:
         d = self.finetune.model_dump(mode="json")
-        d.pop("seeds")      # each seed is its own result file
-        d.pop("tasks")      # each task is its own result file
-        d.pop("glue_dir")   # where the data lies is not what it is
+        d.pop("seeds")  # each seed is its own result file
+        d.pop("tasks")  # each task is its own result file
+        d.pop("glue_dir")  # where the data lies is not what it is
         return hash_obj(d)

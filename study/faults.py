@@ -9,6 +9,7 @@ in any stage (data preparation, a checkpoint write, mid-step, a fine-tuning resu
 the report), which a timer-based kill could not. With the variable unset, point() returns at once. STUDY_TRACE=<file> appends every point reached
 to that file instead (the concurrency tests count training starts with it).
 """
+
 from __future__ import annotations
 
 import os

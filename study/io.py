@@ -4,6 +4,7 @@ Everything a later stage reads is written through `atomic_write_*` (temp file in
 the same folder + fsync + os.replace), so a process killed mid-write leaves either
 the old file or no file, never half a file that looks complete.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        faults.point("io.replace", str(path))  # the fault suite kills here: the temp file is complete, not yet renamed
+        faults.point(
+            "io.replace", str(path)
+        )  # the fault suite kills here: the temp file is complete, not yet renamed
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -95,8 +98,8 @@ def _replace_dir(tmp: Path, final: Path) -> None:
             if final.exists():
                 aside = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
                 try:
-                    os.replace(final, aside)   # onto an empty folder: allowed
-                except FileNotFoundError:      # the other writer moved it first
+                    os.replace(final, aside)  # onto an empty folder: allowed
+                except FileNotFoundError:  # the other writer moved it first
                     pass
                 asides.append(aside)
             try:

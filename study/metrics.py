@@ -9,6 +9,7 @@ A metric is named either by a bare pre-training key of metrics.json (`ref_mlm_lo
 `TASK/MODE/METRIC` for a downstream result (`SST-2/finetune/accuracy`, `RTE/probe/accuracy`). In the
 tidy table a pre-training metric has task = mode = "pretrain".
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Mapping, NamedTuple, Sequence
@@ -48,9 +49,14 @@ def format_metric(task: str, mode: str, name: str) -> str:
     return name if task == PRETRAIN else f"{task}/{mode}/{name}"
 
 
-def parse_metric(spec: str | None, *, field: str = "metric", source: str | None = None,
-                 pretrain: Sequence[str] = PRETRAIN_METRICS + COST_METRICS,
-                 tasks: Mapping[str, Sequence[str]] | None = None) -> Metric:
+def parse_metric(
+    spec: str | None,
+    *,
+    field: str = "metric",
+    source: str | None = None,
+    pretrain: Sequence[str] = PRETRAIN_METRICS + COST_METRICS,
+    tasks: Mapping[str, Sequence[str]] | None = None,
+) -> Metric:
     """'SST-2/finetune/accuracy' -> Metric('SST-2', 'finetune', 'accuracy'); 'ref_ppl' -> a pre-training one.
 
     `pretrain` are the bare names accepted; `tasks` ({task: its metric names}), when given, also checks
@@ -62,16 +68,25 @@ def parse_metric(spec: str | None, *, field: str = "metric", source: str | None 
     if len(parts) == 1 and spec in pretrain:
         return Metric(PRETRAIN, PRETRAIN, spec)
     if len(parts) != 3 or not all(parts):
-        raise StudyError(f"unknown metric '{spec}'", field=field, source=source,
-                         allowed=", ".join(pretrain) + f", or TASK/{'|'.join(MODES)}/METRIC e.g. {EXAMPLE}")
+        raise StudyError(
+            f"unknown metric '{spec}'",
+            field=field,
+            source=source,
+            allowed=", ".join(pretrain) + f", or TASK/{'|'.join(MODES)}/METRIC e.g. {EXAMPLE}",
+        )
     task, mode, name = parts
     if tasks is not None and task not in tasks:
-        raise StudyError(f"unknown task '{task}' in '{spec}'", field=field, source=source, allowed=", ".join(tasks))
+        raise StudyError(
+            f"unknown task '{task}' in '{spec}'", field=field, source=source, allowed=", ".join(tasks)
+        )
     if mode not in MODES:
-        raise StudyError(f"unknown mode '{mode}' in '{spec}'", field=field, source=source, allowed=", ".join(MODES))
+        raise StudyError(
+            f"unknown mode '{mode}' in '{spec}'", field=field, source=source, allowed=", ".join(MODES)
+        )
     if tasks is not None and name not in tasks[task]:
-        raise StudyError(f"{task} does not report '{name}'", field=field, source=source,
-                         allowed=", ".join(tasks[task]))
+        raise StudyError(
+            f"{task} does not report '{name}'", field=field, source=source, allowed=", ".join(tasks[task])
+        )
     return Metric(task, mode, name)
 
 
@@ -81,9 +96,23 @@ def parse_metric(spec: str | None, *, field: str = "metric", source: str | None 
 # these names. Parameter columns are spelled like optuna's `Study.trials_dataframe()` (`params_<key>`),
 # so that table fits the report as it is too.
 # run_hashes: every seed's run of the trial (JSON list; run_hash names the first); commit: the worker's code
-TRIAL_COLUMNS = ("number", "state", "value", "params", "run_hash", "tokens", "tokens_total", "reused",
-                 "retry_of", "duplicate_of", "worker", "datetime_start", "datetime_complete", "run_hashes",
-                 "commit")
+TRIAL_COLUMNS = (
+    "number",
+    "state",
+    "value",
+    "params",
+    "run_hash",
+    "tokens",
+    "tokens_total",
+    "reused",
+    "retry_of",
+    "duplicate_of",
+    "worker",
+    "datetime_start",
+    "datetime_complete",
+    "run_hashes",
+    "commit",
+)
 PARAM_PREFIX = "params_"
 
 
@@ -94,4 +123,4 @@ def param_column(key: str) -> str:
 
 def param_columns(columns: Iterable[str]) -> dict[str, str]:
     """{searched key: its column} of a trials table's columns (the JSON `params` column is not one)."""
-    return {str(c)[len(PARAM_PREFIX):]: str(c) for c in columns if str(c).startswith(PARAM_PREFIX)}
+    return {str(c)[len(PARAM_PREFIX) :]: str(c) for c in columns if str(c).startswith(PARAM_PREFIX)}

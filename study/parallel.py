@@ -28,6 +28,7 @@ whose run was interrupted would take the next queued run. So:
   ignores SIGINT (Ctrl-C reaches the whole process group; the parent decides), and once a run of its own
   was interrupted it starts no other.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -50,8 +51,11 @@ T = TypeVar("T")
 
 def check_jobs(jobs: int) -> int:
     if not isinstance(jobs, int) or jobs < 1:
-        raise StudyError(f"must be a positive integer or auto, got {jobs!r}", field="--jobs",
-                         allowed=f"auto, or a positive integer (this machine has {os.cpu_count() or 1} cores)")
+        raise StudyError(
+            f"must be a positive integer or auto, got {jobs!r}",
+            field="--jobs",
+            allowed=f"auto, or a positive integer (this machine has {os.cpu_count() or 1} cores)",
+        )
     return jobs
 
 
@@ -63,6 +67,7 @@ def resolve_jobs(value: int | str, configs: list[RunConfig]) -> int:
     DVC stages use auto."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         from study.runtime import resolve_device
+
         if any(resolve_device(c.impl.device).type != "cpu" for c in configs):
             return 1
         return max(1, min(os.cpu_count() or 1, len(configs)))
@@ -82,8 +87,9 @@ def with_threads(cfg: RunConfig, jobs: int) -> RunConfig:
     return out
 
 
-def run_all(fn: Callable[..., T], items: Iterable[tuple[Any, tuple]], jobs: int,
-            stop_timeout: float = 300.0) -> Iterator[tuple[Any, T]]:
+def run_all(
+    fn: Callable[..., T], items: Iterable[tuple[Any, tuple]], jobs: int, stop_timeout: float = 300.0
+) -> Iterator[tuple[Any, T]]:
     """(key, fn(*args)) for every (key, args) in `items`, in completion order; `fn` must be a module-level
     function (it is pickled by name). jobs == 1 runs in this process, in order, with no pool. With a pool,
     a stop (module doc) SIGTERMs the workers and waits up to `stop_timeout` s for their checkpoints."""
@@ -101,13 +107,13 @@ def run_all(fn: Callable[..., T], items: Iterable[tuple[Any, tuple]], jobs: int,
         futures = {pool.submit(_call, fn, args): key for key, args in items}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
-    except BaseException as exc:   # SIGTERM, Ctrl-C, a worker's Interrupted or error, or the caller stopped
+    except BaseException as exc:  # SIGTERM, Ctrl-C, a worker's Interrupted or error, or the caller stopped
         pool.shutdown(wait=False, cancel_futures=True)
         _stop([p for p in multiprocessing.active_children() if p not in before], stop_timeout)
-        if isinstance(exc, BrokenProcessPool) and signalled:   # a worker killed outside a run's training
+        if isinstance(exc, BrokenProcessPool) and signalled:  # a worker killed outside a run's training
             raise Interrupted(None) from None
         if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Interrupted):
-            raise Interrupted(None) from None   # Ctrl-C: every run in flight was stopped as by SIGTERM
+            raise Interrupted(None) from None  # Ctrl-C: every run in flight was stopped as by SIGTERM
         raise
     else:
         pool.shutdown(wait=True)
@@ -123,6 +129,7 @@ def _on_sigterm(signalled: list[int]) -> Callable[[], None]:
     def handler(signum, frame):
         signalled.append(signum)
         raise Interrupted(None)
+
     old = signal.signal(signal.SIGTERM, handler)
     return lambda: signal.signal(signal.SIGTERM, old)
 
@@ -147,26 +154,30 @@ def _stop(workers: list, timeout: float) -> None:
             except ProcessLookupError:
                 pass
         multiprocessing.connection.wait([p.sentinel for p in alive], min(1.0, left))
-    for p in alive:   # past the timeout: a run that cannot checkpoint in time loses its last steps
-        print(f"study: worker {p.pid} did not stop within {timeout:.0f} s of SIGTERM; killing it", file=sys.stderr)
+    for p in alive:  # past the timeout: a run that cannot checkpoint in time loses its last steps
+        print(
+            f"study: worker {p.pid} did not stop within {timeout:.0f} s of SIGTERM; killing it",
+            file=sys.stderr,
+        )
         p.kill()
     for p in workers:
         p.join(10)
 
 
 # --------------------------------------------------------------------------- in the workers
-_INTERRUPTED = False   # this worker's run was interrupted: it starts no other
-_PARENT = None         # the command's pid, to tell that it is gone
+_INTERRUPTED = False  # this worker's run was interrupted: it starts no other
+_PARENT = None  # the command's pid, to tell that it is gone
 
 
 def _worker_init() -> None:
     global _PARENT
     _PARENT = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):   # die with the parent, by SIGTERM, so a run in flight checkpoints
+    if sys.platform.startswith("linux"):  # die with the parent, by SIGTERM, so a run in flight checkpoints
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1 = PR_SET_PDEATHSIG
-        if os.getppid() == 1:   # the parent died before prctl: nobody is left to report to
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl: nobody is left to report to
             os._exit(1)
 
 
@@ -178,6 +189,6 @@ def _call(fn: Callable[..., T], args: tuple) -> T:
         return fn(*args)
     except Interrupted:
         _INTERRUPTED = True
-        if os.getppid() != _PARENT:   # the command was killed: the checkpoint is written, nobody waits for us
+        if os.getppid() != _PARENT:  # the command was killed: the checkpoint is written, nobody waits for us
             os._exit(EXIT_INTERRUPTED)
         raise

@@ -12,6 +12,7 @@ results/
                            (finetune), dvc stamp digests (stamps); kept out of every DVC dependency
 reports/<name>/index.html  one self-contained report per study; reports/index.html lists them
 """
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,9 @@ from study.errors import StudyError
 # A study's name (spec `name`, profile keys) becomes a folder under results/ and reports/ and a word in
 # dvc.yaml's shell commands: one path component, no quoting, never `.` or `..`.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-SAFE_NAME_ALLOWED = "letters, digits, '_', '-' and '.', not only dots: it names folders and goes into commands"
+SAFE_NAME_ALLOWED = (
+    "letters, digits, '_', '-' and '.', not only dots: it names folders and goes into commands"
+)
 
 
 def safe_name(name) -> bool:

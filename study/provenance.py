@@ -1,4 +1,5 @@
 """What produced a result: code version, packages, hardware. Attached to every result file."""
+
 from __future__ import annotations
 
 import functools
@@ -10,8 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "optuna", "pandas", "numpy",
-            "seaborn", "matplotlib", "dvc", "pydantic", "jinja2", "gensim", "pysbd", "scikit-learn", "scipy")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "datasets",
+    "optuna",
+    "pandas",
+    "numpy",
+    "seaborn",
+    "matplotlib",
+    "dvc",
+    "pydantic",
+    "jinja2",
+    "gensim",
+    "pysbd",
+    "scikit-learn",
+    "scipy",
+)
 
 
 # the folder the package was imported from; a module attribute, as ARCHIVE_COMMIT below, so a test can
@@ -23,8 +40,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 def git_info() -> dict:
     def git(*args: str, cwd: Path | None = None) -> str | None:
         try:
-            return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
-                                  check=True, cwd=cwd).stdout.strip()
+            return subprocess.run(
+                ["git", *args], capture_output=True, text=True, timeout=10, check=True, cwd=cwd
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -37,8 +55,15 @@ def git_info() -> dict:
         commit = git("rev-parse", "HEAD", cwd=pkg)
         if commit is None:
             return None
-        status = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)",
-                     *(f":(top,exclude){p}" for p in PIPELINE_WRITES), cwd=pkg)
+        status = git(
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ":(top)",
+            *(f":(top,exclude){p}" for p in PIPELINE_WRITES),
+            cwd=pkg,
+        )
         untracked = git("status", "--porcelain", "--untracked-files=all", "--", ".", cwd=pkg)
         dirty = None if status is None or untracked is None else bool(status) or "??" in untracked
         return {"commit": commit, "dirty": dirty, "source": "package checkout"}
@@ -86,6 +111,7 @@ def package_versions() -> dict:
 
 def hardware(device: str | None = None) -> dict:
     import torch
+
     info = {
         "platform": platform.platform(),
         "machine": platform.machine(),

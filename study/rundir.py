@@ -22,6 +22,7 @@ run the same way. One error policy for all of them:
     model/         save_pretrained + tokenizer (loads with AutoModelForMaskedLM)
     checkpoints/   resumable state while training
 """
+
 from __future__ import annotations
 
 import json
@@ -120,7 +121,9 @@ class RunDir:
         DVC forbids a metrics or plots file inside another output, so the run folder can't declare its own.
         """
         root = self.layout.root
-        atomic_write_json(root / "metrics" / f"{self.run_hash}.json", {"status": self.status().status, **self.metrics()})
+        atomic_write_json(
+            root / "metrics" / f"{self.run_hash}.json", {"status": self.status().status, **self.metrics()}
+        )
         lines = ["step,tokens,loss,lr"]
         for ev in self.loss_curve():
             lines.append(f"{ev['step']},{ev.get('tokens', '')},{ev['loss']},{ev.get('lr', '')}")
@@ -132,7 +135,7 @@ def _read_dict(path: Path) -> dict:
         return {}
     try:
         found = read_json(path)
-    except (OSError, ValueError) as exc:   # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         print(f"warning: {path} is unreadable ({type(exc).__name__}); read as empty", file=sys.stderr)
         return {}
     return found if isinstance(found, dict) else {}

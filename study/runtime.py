@@ -23,6 +23,7 @@ here, so a plan times what a run will do and a fine-tune runs where its pre-trai
 - transformers_quiet(): transformers' own progress bars ("Loading weights",
   "Writing model shards") off for a block and the caller's setting restored after.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,11 @@ class Dist:
 
 def dist_env() -> Dist:
     """This process's place in a torchrun job (rank 0 of 1 outside torchrun)."""
-    return Dist(rank=int(os.environ.get("RANK", "0")), world=int(os.environ.get("WORLD_SIZE", "1")),
-                local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return Dist(
+        rank=int(os.environ.get("RANK", "0")),
+        world=int(os.environ.get("WORLD_SIZE", "1")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
 
 
 def all_reduce_sum(values: list[float], dist: Dist, device: torch.device) -> list[float]:
@@ -94,7 +98,9 @@ def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else ("mps" if has_mps else "cpu")
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise StudyError("CUDA is not available on this machine", field="impl.device", allowed="auto, cpu")
+            raise StudyError(
+                "CUDA is not available on this machine", field="impl.device", allowed="auto, cpu"
+            )
         return torch.device("cuda", dist.local_rank if dist.on else torch.cuda.current_device())
     if name == "mps" and not has_mps:
         raise StudyError("MPS is not available on this machine", field="impl.device", allowed="auto, cpu")
@@ -118,13 +124,17 @@ def resolve_precision(precision: str, device: torch.device) -> torch.dtype | Non
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
     if precision == "bf16" and device.type == "cpu" and cpu_has_bf16() is False and not _WARNED:
         _WARNED.append(True)
-        warnings.warn("impl.precision: bf16 on a CPU without bf16 hardware (neither avx512_bf16 "
-                      "nor AMX): bf16 matmuls are emulated, many times slower than fp32; "
-                      "use impl.precision: fp32 (or auto) here", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "impl.precision: bf16 on a CPU without bf16 hardware (neither avx512_bf16 "
+            "nor AMX): bf16 matmuls are emulated, many times slower than fp32; "
+            "use impl.precision: fp32 (or auto) here",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return torch.bfloat16 if precision == "bf16" else None
 
 
-_WARNED: list[bool] = []   # once per process
+_WARNED: list[bool] = []  # once per process
 
 
 def autocast_factory(device: torch.device, dtype: torch.dtype | None) -> Callable[[], ContextManager]:
@@ -141,7 +151,9 @@ class Runtime:
     dist: Dist
     device: torch.device
     dtype: torch.dtype | None  # None: plain fp32
-    chunked_mlm: bool = False  # the training step's MLM loss in row chunks (impl.mlm_loss, study/model/xent.py)
+    chunked_mlm: bool = (
+        False  # the training step's MLM loss in row chunks (impl.mlm_loss, study/model/xent.py)
+    )
 
     @property
     def autocast(self) -> Callable[[], ContextManager]:

@@ -19,8 +19,22 @@ def shared_data() -> Path:
     return SHARED
 
 
-BOOKS = ["pg11.txt", "pg35.txt", "pg55.txt", "pg219.txt", "pg2500.txt", "pg23.txt", "pg863.txt",
-         "pg36.txt", "pg2852.txt", "pg308.txt", "pg120.txt", "pg74.txt", "pg408.txt", "pg174.txt"]
+BOOKS = [
+    "pg11.txt",
+    "pg35.txt",
+    "pg55.txt",
+    "pg219.txt",
+    "pg2500.txt",
+    "pg23.txt",
+    "pg863.txt",
+    "pg36.txt",
+    "pg2852.txt",
+    "pg308.txt",
+    "pg120.txt",
+    "pg74.txt",
+    "pg408.txt",
+    "pg174.txt",
+]
 _SENT = re.compile(r"(?<=[.!?])[\"'’”)]*\s+(?=[\"'“‘(]?[A-Z])")
 
 
@@ -35,8 +49,15 @@ def real(tmp_path_factory):
         pytest.skip(f"real data not present at {SHARED} (see ../shared/data/PROVENANCE.md)")
     from study.config import TokenizerConfig
     from study.data.corpus import read_utf8, strip_gutenberg
-    from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids, tokenize_docs, train_tokenizer
+    from study.data.tokenizer import (
+        continuation_mask,
+        load_tokenizer,
+        special_ids,
+        tokenize_docs,
+        train_tokenizer,
+    )
     from study.data.tokens import TokenizedSplit
+
     cache = tmp_path_factory.getbasetemp() / "realtext-1m"
     if not (cache / "split.npz").exists():
         docs = []
@@ -44,7 +65,7 @@ def real(tmp_path_factory):
             body = strip_gutenberg(read_utf8(SHARED / "gutenberg" / b))
             paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
             for k in range(0, len(paras), 40):
-                sents = [s for p in paras[k:k + 40] for s in _SENT.split(p) if s.strip()]
+                sents = [s for p in paras[k : k + 40] for s in _SENT.split(p) if s.strip()]
                 if sents:
                     docs.append(sents)
         tok = train_tokenizer(docs[:200], TokenizerConfig(vocab_size=8192), cache / "tok")

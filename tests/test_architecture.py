@@ -1,6 +1,7 @@
 """docs/ARCHITECTURE.md is true of the code: the modules it names exist and every module is named, the
 dependency rules it states hold for the imports, no module imports another's private names, and its
 longest-module sentence is the measured one. Text and AST only (no torch), so it runs anywhere in seconds."""
+
 from __future__ import annotations
 
 import ast
@@ -13,8 +14,15 @@ DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
 STAGES = {"studies", "data", "model", "pretrain", "downstream", "search", "report"}
 # What each stage may import besides the root modules (ARCHITECTURE.md, "Dependencies point down the
 # pipeline only"): studies and search know the stages, report knows none (it re-renders without torch).
-MAY_IMPORT = {"data": set(), "model": set(), "pretrain": {"data", "model"}, "downstream": {"data", "model"},
-              "report": set(), "studies": STAGES, "search": STAGES}
+MAY_IMPORT = {
+    "data": set(),
+    "model": set(),
+    "pretrain": {"data", "model"},
+    "downstream": {"data", "model"},
+    "report": set(),
+    "studies": STAGES,
+    "search": STAGES,
+}
 
 
 def _modules() -> list[Path]:
@@ -53,8 +61,12 @@ def test_every_module_is_named_and_every_named_module_exists():
         unnamed.append(rel)
     assert not unnamed, f"modules ARCHITECTURE.md does not describe: {unnamed}"
     assert set(rows) == STAGES
-    ghosts = [f"{pkg}/{f}" for pkg, row in rows.items() for f in re.findall(r"`(\w+\.py)`", row)
-              if not (PKG / pkg / f).is_file()]
+    ghosts = [
+        f"{pkg}/{f}"
+        for pkg, row in rows.items()
+        for f in re.findall(r"`(\w+\.py)`", row)
+        if not (PKG / pkg / f).is_file()
+    ]
     assert not ghosts, f"ARCHITECTURE.md's package rows name modules that do not exist: {ghosts}"
 
 
@@ -76,7 +88,7 @@ def test_dependencies_point_down_the_pipeline():
             bits = mod.split(".")
             if bits[0] != "study" or len(bits) < 2 or bits[1] not in STAGES:
                 continue
-            if len(parts) == 1:       # a root module: none imports a stage but the CLI, which calls them
+            if len(parts) == 1:  # a root module: none imports a stage but the CLI, which calls them
                 if p.name != "cli.py":
                     bad.append(f"{p.name} -> {mod}")
             elif bits[1] != parts[0] and bits[1] not in MAY_IMPORT[parts[0]]:
@@ -90,5 +102,7 @@ def test_no_private_names_imported_across_modules():
         me = ".".join(p.relative_to(ROOT).with_suffix("").parts)
         for mod, names in _imports(p):
             if mod.startswith("study") and mod != me:
-                bad += [f"{me} imports {mod}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+                bad += [
+                    f"{me} imports {mod}.{n}" for n in names if n.startswith("_") and not n.startswith("__")
+                ]
     assert not bad, bad

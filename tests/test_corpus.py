@@ -1,4 +1,5 @@
 """Corpus readers on real files (shared_data) and tiny fixtures: documents, sentences, splits, errors."""
+
 from __future__ import annotations
 
 import json
@@ -8,12 +9,24 @@ from pathlib import Path
 import pytest
 
 from study.config import CorpusConfig, CorpusSource
-from study.data.corpus import (load_corpus, read_embedded, read_gutenberg, read_hf, read_text, read_wikitext,
-                          split_sentences, strip_gutenberg, read_utf8)
+from study.data.corpus import (
+    load_corpus,
+    read_embedded,
+    read_gutenberg,
+    read_hf,
+    read_text,
+    read_wikitext,
+    split_sentences,
+    strip_gutenberg,
+    read_utf8,
+)
 from study.errors import StudyError
 
-LICENCE = re.compile(r"gutenberg|\*\*\*\s*(start|end) of|electronic works?|literary archive|"
-                     r"www\.|https?://|\bebook\b", re.I)
+LICENCE = re.compile(
+    r"gutenberg|\*\*\*\s*(start|end) of|electronic works?|literary archive|"
+    r"www\.|https?://|\bebook\b",
+    re.I,
+)
 
 
 def _cfg(*sources, **kw) -> CorpusConfig:
@@ -22,10 +35,15 @@ def _cfg(*sources, **kw) -> CorpusConfig:
 
 # --------------------------------------------------------------------------- sentences
 def test_split_sentences_keeps_abbreviations_and_decimals():
-    s = split_sentences("Dr. Smith paid $3.50 for it, e.g. a pen. He left at 5 p.m. on Monday. Why? Nobody knows!")
+    s = split_sentences(
+        "Dr. Smith paid $3.50 for it, e.g. a pen. He left at 5 p.m. on Monday. Why? Nobody knows!"
+    )
     assert s[0] == "Dr. Smith paid $3.50 for it, e.g. a pen."
     assert s[-2:] == ["Why?", "Nobody knows!"]
-    assert split_sentences("a line without a stop\n\n  \nsecond line") == ["a line without a stop", "second line"]
+    assert split_sentences("a line without a stop\n\n  \nsecond line") == [
+        "a line without a stop",
+        "second line",
+    ]
     assert split_sentences("") == []
 
 
@@ -58,7 +76,9 @@ def test_bad_text_inputs_raise_naming_the_field(tmp_path):
     bad.write_bytes("d\xe9j\xe0 vu.".encode("latin-1"))
     with pytest.raises(StudyError) as ei:
         list(read_text(str(bad)))
-    assert ei.value.field == "corpus.sources.path" and "latin1.txt" in str(ei.value) and "UTF-8" in str(ei.value)
+    assert (
+        ei.value.field == "corpus.sources.path" and "latin1.txt" in str(ei.value) and "UTF-8" in str(ei.value)
+    )
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     with pytest.raises(StudyError) as ei:
@@ -74,7 +94,9 @@ def test_bad_text_inputs_raise_naming_the_field(tmp_path):
 
 def test_read_text_on_a_real_bom_crlf_file(shared_data):
     f = shared_data / "gutenberg" / "pg11.txt"
-    assert f.read_bytes()[:3] == b"\xef\xbb\xbf" and b"\r\n" in f.read_bytes()[:500]  # the fixture is what we think
+    assert (
+        f.read_bytes()[:3] == b"\xef\xbb\xbf" and b"\r\n" in f.read_bytes()[:500]
+    )  # the fixture is what we think
     docs = list(read_text(str(f)))  # as plain text: every paragraph is a document, licence included
     raw = f.read_bytes().decode("utf-8-sig").replace("\r\n", "\n")
     assert len(docs) == len([b for b in re.split(r"\n\s*\n", raw) if b.strip()])
@@ -110,7 +132,7 @@ def test_wikitext_fixture_headings_and_detokenization(tmp_path):
     assert "It costs $1,000 (roughly)." in alpha
     assert "It wasn't known." in alpha
     assert "= not a heading because text touches it =" in alpha  # kept as text, no split
-    assert not any("History" in s for s in alpha)                # subheadings are dropped
+    assert not any("History" in s for s in alpha)  # subheadings are dropped
     assert beta == ["Beta's text."]
 
 
@@ -143,7 +165,7 @@ def test_strip_gutenberg_all_books(shared_data):
         body = strip_gutenberg(raw)
         assert 0.8 * len(raw) < len(body) < len(raw), f.name  # something cut, most of the book kept
         m = LICENCE.search(body)
-        assert m is None, f"{f.name}: licence text left: {body[max(0, m.start() - 80):m.end() + 80]!r}"
+        assert m is None, f"{f.name}: licence text left: {body[max(0, m.start() - 80) : m.end() + 80]!r}"
 
 
 def test_pg11_known_bug(shared_data):
@@ -166,11 +188,13 @@ def test_read_gutenberg_real_books(shared_data):
 
 
 def test_gutenberg_fixture_bom_crlf_and_headings(tmp_path):
-    book = ("\ufeffThe Project Gutenberg eBook of Test\r\n\r\nLicence words here.\r\n\r\n"
-            "*** START OF THE PROJECT GUTENBERG EBOOK TEST ***\r\n\r\nProduced by Somebody\r\n\r\n"
-            "CHAPTER I.\r\n\r\nIt was a dark night.  The rain fell\r\nhard.\r\n\r\n"
-            "II.\r\n\r\nMorning came.\r\n\r\n-3-\r\n\r\nThe end came.\r\n\r\n"
-            "        *** END OF THE PROJECT GUTENBERG EBOOK TEST ***\r\n\r\nTHE FULL PROJECT GUTENBERG LICENSE\r\n")
+    book = (
+        "\ufeffThe Project Gutenberg eBook of Test\r\n\r\nLicence words here.\r\n\r\n"
+        "*** START OF THE PROJECT GUTENBERG EBOOK TEST ***\r\n\r\nProduced by Somebody\r\n\r\n"
+        "CHAPTER I.\r\n\r\nIt was a dark night.  The rain fell\r\nhard.\r\n\r\n"
+        "II.\r\n\r\nMorning came.\r\n\r\n-3-\r\n\r\nThe end came.\r\n\r\n"
+        "        *** END OF THE PROJECT GUTENBERG EBOOK TEST ***\r\n\r\nTHE FULL PROJECT GUTENBERG LICENSE\r\n"
+    )
     f = tmp_path / "book.txt"
     f.write_bytes(book.encode("utf-8"))
     docs = list(read_gutenberg(str(f)))
@@ -181,6 +205,7 @@ def test_gutenberg_fixture_bom_crlf_and_headings(tmp_path):
 @pytest.fixture
 def hf_cache(tmp_path, monkeypatch):
     import datasets
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     return datasets
@@ -196,7 +221,9 @@ def test_hf_save_to_disk(tmp_path, hf_cache):
     hf_cache.DatasetDict({"train": ds, "validation": ds.select([2])}).save_to_disk(str(tmp_path / "dict"))
     assert list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "one")))) == EXPECTED
     assert list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "dict")))) == EXPECTED
-    assert list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "dict"), split="validation"))) == [["Third."]]
+    assert list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "dict"), split="validation"))) == [
+        ["Third."]
+    ]
     with pytest.raises(StudyError) as ei:
         list(read_hf(CorpusSource(kind="hf", name=str(tmp_path / "dict"), split="test")))
     assert ei.value.field == "corpus.sources.split"
@@ -234,7 +261,9 @@ def test_hf_wikitext_rows_are_read_as_articles(tmp_path, hf_cache):
     detokenized, exactly as the wikitext kind reads its files: not a document per paragraph and heading."""
     (tmp_path / "wiki.raw").write_text(WIKI, encoding="utf-8")
     want = list(read_wikitext(str(tmp_path / "wiki.raw")))
-    hf_cache.Dataset.from_dict({"text": _wikitext_rows(WIKI)}).save_to_disk(str(tmp_path / "wikitext-103-raw"))
+    hf_cache.Dataset.from_dict({"text": _wikitext_rows(WIKI)}).save_to_disk(
+        str(tmp_path / "wikitext-103-raw")
+    )
     by_name = CorpusSource.model_validate(f"hf:{tmp_path / 'wikitext-103-raw'}:train")
     assert by_name.rows == "wikitext" and "rows" in by_name.model_dump()  # resolved: in the run hash
     docs = list(read_hf(by_name))
@@ -324,7 +353,13 @@ def test_tiny_corpus_still_gets_train_and_valid(tmp_path):
     c = load_corpus(_cfg(f"text:{f}"), progress=False)
     assert len(c.train) == 1 and len(c.valid) == 1 and c.test == []
     src = CorpusSource(kind="text", path=str(_many_docs(tmp_path)), max_documents=7)
-    assert sum(len(load_corpus(CorpusConfig(sources=[src]), progress=False).split(n)) for n in ("train", "valid", "test")) == 7
+    assert (
+        sum(
+            len(load_corpus(CorpusConfig(sources=[src]), progress=False).split(n))
+            for n in ("train", "valid", "test")
+        )
+        == 7
+    )
 
 
 # --------------------------------------------------------------------------- embedded
@@ -345,6 +380,7 @@ def test_fingerprint_follows_contents_not_location(tmp_path, monkeypatch):
 
     import study.data.corpus as corpus_mod
     from study.data.corpus import fingerprint
+
     a = tmp_path / "a"
     a.mkdir()
     (a / "one.txt").write_text("First doc. Two sentences.\n\nSecond doc.\n", encoding="utf-8")
@@ -368,9 +404,14 @@ def test_fingerprint_follows_contents_not_location(tmp_path, monkeypatch):
 
 def test_fingerprint_of_hf_sources(tmp_path, hf_cache):
     from study.data.corpus import fingerprint
-    hub = _cfg("hf:someone/some-dataset@cfg:train")  # not downloaded: identified by name/config/split/revision
+
+    hub = _cfg(
+        "hf:someone/some-dataset@cfg:train"
+    )  # not downloaded: identified by name/config/split/revision
     assert fingerprint(hub) != fingerprint(_cfg("hf:someone/some-dataset@cfg:validation"))
-    pinned = CorpusConfig(sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision="abc")])
+    pinned = CorpusConfig(
+        sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision="abc")]
+    )
     assert fingerprint(pinned) != fingerprint(hub)
     ds = hf_cache.Dataset.from_dict({"text": ROWS})
     ds.save_to_disk(str(tmp_path / "local"))
@@ -388,6 +429,7 @@ def test_unpinned_hub_fingerprint_does_not_follow_the_cache(tmp_path, monkeypatc
     from huggingface_hub import constants
 
     from study.data.corpus import fingerprint
+
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     hub = _cfg("hf:someone/some-dataset@cfg:train")
     before = fingerprint(hub)
@@ -395,8 +437,10 @@ def test_unpinned_hub_fingerprint_does_not_follow_the_cache(tmp_path, monkeypatc
     ref.parent.mkdir(parents=True)
     ref.write_text("0123abcd" * 5, encoding="utf-8")
     assert fingerprint(hub) == before
-    pins = [CorpusConfig(sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision=r)])
-            for r in ("abc", "def")]
+    pins = [
+        CorpusConfig(sources=[CorpusSource(kind="hf", name="someone/some-dataset", config="cfg", revision=r)])
+        for r in ("abc", "def")
+    ]
     assert len({before, *map(fingerprint, pins)}) == 3
 
 
@@ -408,10 +452,14 @@ def test_prepare_downloading_an_unpinned_hub_source(tmp_path, hf_cache, monkeypa
     from study.config import RunConfig
     from study.data.prepare import prepare_data
     from study.paths import Layout
+
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     commit = "0123abcd" * 5
-    rows = [f"Document {i} tells of the {c} cat. It sat on the {c} mat." for i in range(40)
-            for c in [("red", "green", "blue")[i % 3]]]
+    rows = [
+        f"Document {i} tells of the {c} cat. It sat on the {c} mat."
+        for i in range(40)
+        for c in [("red", "green", "blue")[i % 3]]
+    ]
 
     def download(name, config=None, split=None, revision=None):
         ref = Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "refs" / "main"
@@ -420,8 +468,12 @@ def test_prepare_downloading_an_unpinned_hub_source(tmp_path, hf_cache, monkeypa
         return hf_cache.Dataset.from_dict({"text": rows})
 
     monkeypatch.setattr(hf_cache, "load_dataset", download)
-    cfg = RunConfig.model_validate({"corpus": {"sources": ["hf:someone/books:train"], "valid_fraction": 0.1},
-                                    "tokenizer": {"vocab_size": 128}})
+    cfg = RunConfig.model_validate(
+        {
+            "corpus": {"sources": ["hf:someone/books:train"], "valid_fraction": 0.1},
+            "tokenizer": {"vocab_size": 128},
+        }
+    )
     layout = Layout(root=tmp_path / "results")
     first = prepare_data(cfg, layout, progress=False)
     assert first.stats["sources"][0]["revision"] == commit and first.stats["sources"][0]["documents"] == 40
@@ -431,6 +483,7 @@ def test_prepare_downloading_an_unpinned_hub_source(tmp_path, hf_cache, monkeypa
 def test_with_fingerprint_fills_then_checks(tmp_path):
     from study.config import RunConfig
     from study.data.corpus import with_fingerprint
+
     f = tmp_path / "c.txt"
     f.write_text("One doc here.\n\nAnother doc.\n", encoding="utf-8")
     bare = RunConfig.model_validate({"corpus": {"sources": [f"text:{f}"]}})
@@ -444,6 +497,7 @@ def test_with_fingerprint_fills_then_checks(tmp_path):
         with_fingerprint(again, source="config.json")
     assert ei.value.field == "corpus.fingerprint" and ei.value.source == "config.json"
     with pytest.raises(StudyError) as ei:
-        with_fingerprint(RunConfig.model_validate({"corpus": {"sources": [f"gutenberg:{tmp_path}/none"]}}),
-                         source="s.yaml")
+        with_fingerprint(
+            RunConfig.model_validate({"corpus": {"sources": [f"gutenberg:{tmp_path}/none"]}}), source="s.yaml"
+        )
     assert ei.value.field == "corpus.sources[0].path" and ei.value.source == "s.yaml"

@@ -1,4 +1,5 @@
 """`study plan`'s cost: planned tokens, measured pre-training and fine-tuning time, what is left to do."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,13 @@ import numpy as np
 import pytest
 
 from study.cli import main
-from study.studies.cost import TOKENS_PER_WORD, batch_width, row_lengths, finetune_seconds, study_finetune_seconds
+from study.studies.cost import (
+    TOKENS_PER_WORD,
+    batch_width,
+    row_lengths,
+    finetune_seconds,
+    study_finetune_seconds,
+)
 from study.downstream.finetune import result_path
 from study.paths import Layout
 from study.studies.spec import load_study
@@ -34,8 +41,10 @@ def _glue(path, n_train: int = 100, n_dev: int = 30) -> None:
     rng = random.Random(0)
     (path / "SST-2").mkdir(parents=True)
     for split, n in (("train", n_train), ("dev", n_dev)):
-        rows = ["sentence\tlabel"] + [" ".join("w" * rng.randint(1, 4) for _ in range(rng.randint(2, 12)))
-                                      + f"\t{rng.randint(0, 1)}" for _ in range(n)]
+        rows = ["sentence\tlabel"] + [
+            " ".join("w" * rng.randint(1, 4) for _ in range(rng.randint(2, 12))) + f"\t{rng.randint(0, 1)}"
+            for _ in range(n)
+        ]
         (path / "SST-2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
 
 
@@ -66,6 +75,7 @@ def test_plan_json_has_tokens_and_both_times(spec, tmp_path, capsys):
 
 def test_makespan_schedules_longest_first():
     from study.studies.cost import makespan
+
     assert makespan([5, 1, 1, 1], 2) == 5 and makespan([1, 1, 1, 1], 2) == 2
     assert makespan([3, 1, 2], 1) == 6 and makespan([], 3) == 0 and makespan([2, 2], 8) == 2
 
@@ -73,7 +83,7 @@ def test_makespan_schedules_longest_first():
 def test_finetune_estimate_counts_only_what_is_not_written(spec, tmp_path):
     study, lay = load_study(spec), Layout(root=tmp_path / "r")
     per_run, bases = study_finetune_seconds(study.runs, lay)
-    assert len(bases) == 1   # the runs differ only in objective: they share one random-init baseline
+    assert len(bases) == 1  # the runs differ only in objective: they share one random-init baseline
     base = sum(bases.values())
     assert all(v > 0 for v in per_run.values()) and base > 0
     assert base == pytest.approx(per_run[study.runs[0].run_hash], rel=0.5)
@@ -107,21 +117,24 @@ def test_unknown_task_sizes_are_said_not_guessed(spec, tmp_path, capsys):
 def test_row_lengths_and_padded_batch_width(spec, tmp_path):
     cfg = load_study(spec).runs[0].config
     data = load_task("SST-2", cfg.finetune.glue_dir, "train")
-    lengths = row_lengths(cfg, Layout(root=tmp_path / "r"), data)   # no tokenizer yet: word counts
+    lengths = row_lengths(cfg, Layout(root=tmp_path / "r"), data)  # no tokenizer yet: word counts
     words = np.array([len(t.split()) for t in data.text_a])
     assert list(lengths) == [min(math.ceil(w * TOKENS_PER_WORD) + 2, 32) for w in words]
     assert batch_width(np.full(50, 7), 16) == 7
-    w = batch_width(lengths, 16)   # each batch pads to its longest row
+    w = batch_width(lengths, 16)  # each batch pads to its longest row
     assert lengths.mean() < w <= lengths.max()
     assert batch_width(lengths, 1) == round(lengths.mean())
 
 
 def test_row_lengths_use_the_runs_tokenizer_once_it_exists(spec, tmp_path):
     from study.data.tokenizer import train_tokenizer
+
     cfg = load_study(spec).runs[0].config
     lay = Layout(root=tmp_path / "r")
     data = load_task("SST-2", cfg.finetune.glue_dir, "train")
-    tok = train_tokenizer([[t] for t in data.text_a], cfg.tokenizer, lay.data_dir(cfg.data_hash()) / "tokenizer")
+    tok = train_tokenizer(
+        [[t] for t in data.text_a], cfg.tokenizer, lay.data_dir(cfg.data_hash()) / "tokenizer"
+    )
     want = [len(x) for x in tok(data.text_a, truncation=True, max_length=32)["input_ids"]]
     assert list(row_lengths(cfg, lay, data)) == want
 
@@ -133,6 +146,7 @@ def test_plan_times_on_the_device_the_run_will_use(spec, tmp_path, capsys, monke
     import torch
 
     from study.studies import cost
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(cost, "_STEP_TIMES", {})  # timings are cached per process: time this shape again
     results = tmp_path / "r"
@@ -172,7 +186,7 @@ def test_plan_times_the_training_codes_own_step_functions(spec, tmp_path, monkey
     cfg.train.grad_accum = 2
     assert cost.estimate_seconds(cfg) > 0
     t = cfg.train
-    assert calls["pretrain"] == [(2, t.lr, t.clip, t.weight_decay)] * 6   # 2 micro-batches: grad_accum
+    assert calls["pretrain"] == [(2, t.lr, t.clip, t.weight_decay)] * 6  # 2 micro-batches: grad_accum
     assert finetune_seconds(cfg, Layout(root=tmp_path / "r"), {"SST-2": (1, False)}) > 0
     assert calls["finetune"] and set(calls["finetune"]) == {cfg.finetune.lr}
 
@@ -198,12 +212,12 @@ def test_batched_seeds_are_timed_as_one_stacked_step(spec, tmp_path, monkeypatch
     monkeypatch.setattr(cost, "_classifier_step", lambda c, lengths, n=9, k=1: {1: 0.01, 3: 0.015}[k])
     three = finetune_seconds(cfg, lay, {"SST-2": (3, False)})
     one = finetune_seconds(cfg, lay, {"SST-2": (1, False)})
-    assert one < three < 3 * one   # 3 seeds stacked: 1.5x one seed's step, not 3x
+    assert one < three < 3 * one  # 3 seeds stacked: 1.5x one seed's step, not 3x
     monkeypatch.undo()
     monkeypatch.setattr(batched.SeedBatch, "step", step)
     monkeypatch.setattr(cost, "_STEP_TIMES", {})
     assert cost._classifier_step(cfg, np.full(200, 12), k=3) > 0
-    assert widths and set(widths) == {(3, cfg.finetune.batch_size)}   # [K, batch, width] batches
+    assert widths and set(widths) == {(3, cfg.finetune.batch_size)}  # [K, batch, width] batches
 
 
 def test_hub_fine_tuning_is_bounded_by_the_published_row_counts(spec, tmp_path, capsys, monkeypatch):
@@ -211,17 +225,25 @@ def test_hub_fine_tuning_is_bounded_by_the_published_row_counts(spec, tmp_path, 
     every row at max_length, and the plan says that this is an upper bound."""
     import study.studies.cost as cost
     from study.downstream.tasks import HUB_ROWS
+
     study, lay = load_study(spec), Layout(root=tmp_path / "r")
     hub = study.runs[0].config.model_copy(deep=True)
     hub.finetune.glue_dir = "hub"
     seen = []
-    monkeypatch.setattr(cost, "_classifier_step", lambda cfg, lengths, k=1: seen.append(np.asarray(lengths)) or 0.01)
+    monkeypatch.setattr(
+        cost, "_classifier_step", lambda cfg, lengths, k=1: seen.append(np.asarray(lengths)) or 0.01
+    )
     secs = finetune_seconds(hub, lay, {"SST-2": (2, False)})
     ft = hub.finetune
     n = min(HUB_ROWS["SST-2"][0], ft.max_train_examples)
     assert len(seen[0]) == n and set(seen[0].tolist()) == {ft.max_length}
-    assert secs == pytest.approx(2 * (math.ceil(ft.epochs * math.ceil(n / ft.batch_size)) * 0.01
-                                      + HUB_ROWS["SST-2"][1] * ft.max_length * 0.01 / (ft.batch_size * ft.max_length) / 3))
+    assert secs == pytest.approx(
+        2
+        * (
+            math.ceil(ft.epochs * math.ceil(n / ft.batch_size)) * 0.01
+            + HUB_ROWS["SST-2"][1] * ft.max_length * 0.01 / (ft.batch_size * ft.max_length) / 3
+        )
+    )
     assert cost.finetune_is_bound(hub) and not cost.finetune_is_bound(study.runs[0].config)
     spec.write_text(spec.read_text().replace(str(tmp_path / "glue"), "hub"))
     assert main(["--results", str(tmp_path / "r"), "plan", str(spec)]) == 0
@@ -237,6 +259,7 @@ def test_published_glue_row_counts_match_the_local_copy(task):
     from conftest import SHARED
 
     from study.downstream.tasks import HUB_ROWS, task_path
+
     glue = SHARED / "glue"
     if not task_path(task, glue, "train").is_file():
         pytest.skip(f"no local {task}")

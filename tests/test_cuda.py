@@ -7,6 +7,7 @@ test_model.py, test_train.py and test_finetune.py). bench/gpu_check.sh runs this
 With STUDY_GPU_REPORT=<file> each test also writes what it measured (differences, bitwise or not) as
 JSON lines, so that a note or the README can quote the numbers rather than only "passed".
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU; CI has none (bench/gpu_check.sh runs this on one)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA GPU; CI has none (bench/gpu_check.sh runs this on one)",
+)
 
 # the CPU tests' fixtures and helpers: one tiny corpus, one prepared data folder, one config builder
 from test_finetune import make_cfg as finetune_cfg  # noqa: E402
@@ -42,6 +45,7 @@ def record(request):
         if path:
             with open(path, "a") as f:
                 f.write(json.dumps({"test": request.node.name, **values}, default=float) + "\n")
+
     return write
 
 
@@ -55,7 +59,9 @@ def _max_diff(a, b) -> float:
 
 def test_sparse_head_and_sdpa_are_loss_neutral_on_cuda(record):
     # the sparse MLM head (masked positions only) against the full head: loss and every gradient, fp32
-    outs, gs = sparse_and_full(build_model(CFG, VOCAB, True, ImplConfig(), seed=1).to(CUDA), _on_cuda(batch()))
+    outs, gs = sparse_and_full(
+        build_model(CFG, VOCAB, True, ImplConfig(), seed=1).to(CUDA), _on_cuda(batch())
+    )
     grad_diff = max(float((gs[0][n] - gs[1][n]).abs().max()) for n in gs[0])
     assert torch.allclose(outs[0].loss, outs[1].loss, atol=1e-5)
     assert int(outs[0].mlm_correct) == int(outs[1].mlm_correct)
@@ -70,9 +76,12 @@ def test_sparse_head_and_sdpa_are_loss_neutral_on_cuda(record):
             model = build_model(CFG, VOCAB, True, ImplConfig(attention=kind), seed=2).to(CUDA).eval()
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=prec == "bf16"):
                 attn[prec, kind] = float(pretraining_loss(model, **b).loss)
-    record(sparse_vs_full_loss=float((outs[0].loss - outs[1].loss).detach().abs()), sparse_vs_full_grad=grad_diff,
-           sdpa_vs_eager_fp32=abs(attn["fp32", "sdpa"] - attn["fp32", "eager"]),
-           sdpa_vs_eager_bf16=abs(attn["bf16", "sdpa"] - attn["bf16", "eager"]))
+    record(
+        sparse_vs_full_loss=float((outs[0].loss - outs[1].loss).detach().abs()),
+        sparse_vs_full_grad=grad_diff,
+        sdpa_vs_eager_fp32=abs(attn["fp32", "sdpa"] - attn["fp32", "eager"]),
+        sdpa_vs_eager_bf16=abs(attn["bf16", "sdpa"] - attn["bf16", "eager"]),
+    )
     assert attn["fp32", "sdpa"] == pytest.approx(attn["fp32", "eager"], abs=1e-5)
     assert attn["bf16", "sdpa"] == pytest.approx(attn["bf16", "eager"], rel=1e-2)  # bf16 rounding
 
@@ -85,14 +94,24 @@ def test_training_on_cuda_impl_settings_seed_and_bf16(corpus, layout, record):
     curves, evals, runs = {}, {}, {}
     for sparse in (True, False):
         for attn in ("eager", "sdpa"):
-            cfg = make_cfg(corpus, train__amount=20, impl__device="cuda", impl__precision="fp32",
-                           impl__sparse_head=sparse, impl__attention=attn, model__dropout=0.0,
-                           model__attention_dropout=0.0)
+            cfg = make_cfg(
+                corpus,
+                train__amount=20,
+                impl__device="cuda",
+                impl__precision="fp32",
+                impl__sparse_head=sparse,
+                impl__attention=attn,
+                model__dropout=0.0,
+                model__attention_dropout=0.0,
+            )
             lay = layout(f"{sparse}-{attn}")
             m = train_run(cfg, lay, quiet=True)
             assert m["device"].startswith("cuda")
             runs[sparse, attn] = lay.run_dir(cfg.run_hash())
-            curves[sparse, attn], evals[sparse, attn] = np.array(losses(runs[sparse, attn])), m["ref_mlm_loss"]
+            curves[sparse, attn], evals[sparse, attn] = (
+                np.array(losses(runs[sparse, attn])),
+                m["ref_mlm_loss"],
+            )
     base = curves[True, "eager"]
     assert len(base) == 20 and base[-1] < base[0]
     impl_diff = max(_max_diff(c, base) for c in curves.values())
@@ -121,8 +140,13 @@ def test_training_on_cuda_impl_settings_seed_and_bf16(corpus, layout, record):
     meta = json.loads((run / "meta.json").read_text())
     fp32 = np.array(losses(twice[0]))
     rel = float(np.max(np.abs(np.array(losses(run)) - fp32) / fp32))
-    record(impl_max_abs_diff=impl_diff, rerun_bitwise=rerun_bitwise, rerun_max_abs_diff=rerun_diff,
-           bf16_vs_fp32_max_rel=rel, resolved_precision=meta.get("precision"))
+    record(
+        impl_max_abs_diff=impl_diff,
+        rerun_bitwise=rerun_bitwise,
+        rerun_max_abs_diff=rerun_diff,
+        bf16_vs_fp32_max_rel=rel,
+        resolved_precision=meta.get("precision"),
+    )
     assert meta["precision"] == "bf16"
     assert 0 < rel < 0.02, rel
 
@@ -139,15 +163,18 @@ def test_resume_on_cuda_continues_the_run(corpus, layout, record):
     train_run(cfg, lay, quiet=True)
     a, b = ref.run_dir(cfg.run_hash()), lay.run_dir(cfg.run_hash())
     wa, wb = weights(a), weights(b)
-    record(resume_bitwise=all(torch.equal(wa[k], wb[k]) for k in wa),
-           resume_max_abs_loss_diff=_max_diff(losses(a), losses(b)),
-           resume_max_abs_weight_diff=max(float((wa[k] - wb[k]).abs().max()) for k in wa))
+    record(
+        resume_bitwise=all(torch.equal(wa[k], wb[k]) for k in wa),
+        resume_max_abs_loss_diff=_max_diff(losses(a), losses(b)),
+        resume_max_abs_weight_diff=max(float((wa[k] - wb[k]).abs().max()) for k in wa),
+    )
     np.testing.assert_allclose(losses(b), losses(a), rtol=1e-4, atol=1e-4)
 
 
 def test_finetune_on_cuda_learns_the_fixture_task(tmp_path, record):
     from study.downstream.finetune import finetune_run, result_path
     from study.paths import Layout
+
     glue = make_glue(tmp_path / "glue")
     scores = {}
     for device in ("cuda", "cpu"):
@@ -158,16 +185,21 @@ def test_finetune_on_cuda_learns_the_fixture_task(tmp_path, record):
         write_model(cfg, lay)
         finetune_run(cfg, lay, quiet=True)
         fh = cfg.finetune_hash()
-        scores[device] = {mode: json.loads(result_path(lay, cfg.run_hash(), "SST-2", fh, mode, 0).read_text())
-                          ["metrics"]["accuracy"] for mode in ("finetune", "probe")}
+        scores[device] = {
+            mode: json.loads(result_path(lay, cfg.run_hash(), "SST-2", fh, mode, 0).read_text())["metrics"][
+                "accuracy"
+            ]
+            for mode in ("finetune", "probe")
+        }
     record(**{f"{d}_{m}": v for d, s in scores.items() for m, v in s.items()})
-    assert scores["cuda"]["finetune"] >= 0.85   # one word decides the label (test_finetune.py)
+    assert scores["cuda"]["finetune"] >= 0.85  # one word decides the label (test_finetune.py)
     assert scores["cuda"]["probe"] > 0.5
 
 
 def test_plan_times_steps_on_the_gpu(corpus):
     from study.studies import cost
-    cfg = make_cfg(corpus, train__amount=20)   # impl.device auto: CUDA here, as training would use
+
+    cfg = make_cfg(corpus, train__amount=20)  # impl.device auto: CUDA here, as training would use
     torch.cuda.reset_peak_memory_stats()
     assert cost.time_pretrain_step(cfg) > 0
     assert torch.cuda.max_memory_allocated() > 0
@@ -175,6 +207,7 @@ def test_plan_times_steps_on_the_gpu(corpus):
 
 def test_checkpoint_trained_on_cuda_loads_on_cpu(corpus, layout):
     from transformers import AutoModelForMaskedLM
+
     cfg = make_cfg(corpus, train__amount=10, impl__device="cuda")
     lay = layout("ck")
     train_run(cfg, lay, quiet=True)
@@ -192,9 +225,11 @@ def test_masks_on_cuda_equal_the_cpu_bitwise(unit, record):
     from test_masking import SP, _batch
     from study.config import MaskingConfig
     from study.data.masking import mask_rows, mask_units, reference_masking
-    ids = torch.cat([_batch(b=128, seed=s) for s in range(4)])          # 512 rows of 128
-    ids[7, 1:] = SP.pad                                                  # a row with nothing to mask
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+
+    ids = torch.cat([_batch(b=128, seed=s) for s in range(4)])  # 512 rows of 128
+    ids[7, 1:] = SP.pad  # a row with nothing to mask
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     keys = torch.stack([torch.full((512,), 3), torch.arange(10_000, 10_512), torch.full((512,), 2)], 1)
     diffs = {}
     for generator in ("counter", "numpy"):
@@ -219,6 +254,7 @@ def test_batches_made_on_cuda_equal_the_cpu_bitwise(unit):
     """Batches(device=cuda): the epoch's instances live on the GPU as one tensor per field, a batch is
     gathered and masked there, and every micro-batch equals the CPU's bit for bit (any rank split)."""
     from test_batches import cfg_of, fake_prepared, rows, same
+
     prepared = fake_prepared()
     for world, accum in ((1, 1), (2, 2)):
         cfg = cfg_of(masking__unit=unit, train__grad_accum=accum)
@@ -230,8 +266,9 @@ def test_batches_made_on_cuda_equal_the_cpu_bitwise(unit):
                 a, b = cpu.make(*pos), gpu.make(*pos)
                 assert a["tokens"] == b["tokens"]
                 assert all(t.device.type == "cuda" for p in b["parts"] for t in p["tensors"].values())
-                assert [{k: v for k, v in p.items() if k != "tensors"} for p in a["parts"]] == \
-                       [{k: v for k, v in p.items() if k != "tensors"} for p in b["parts"]]
+                assert [{k: v for k, v in p.items() if k != "tensors"} for p in a["parts"]] == [
+                    {k: v for k, v in p.items() if k != "tensors"} for p in b["parts"]
+                ]
                 assert same(rows(a), rows(b))
 
 
@@ -240,16 +277,29 @@ def test_static_shapes_and_compile_are_loss_neutral_on_cuda(corpus, layout, reco
     torch.compile of the encoder on those static shapes, track the trimmed eager run (fp32, no dropout:
     the CPU versions are tests/test_train.py's test_pad_to_max_is_loss_neutral and the slow compile test)."""
     curves, refs = {}, {}
-    for name, impl in (("batch", {}), ("max", {"pad_to": "max"}), ("compiled", {"pad_to": "max", "compile": True})):
-        cfg = make_cfg(corpus, train__amount=12, model__dropout=0.0, model__attention_dropout=0.0,
-                       objective__max_seq_len=64, impl__device="cuda", impl__precision="fp32",
-                       **{f"impl__{k}": v for k, v in impl.items()})
+    for name, impl in (
+        ("batch", {}),
+        ("max", {"pad_to": "max"}),
+        ("compiled", {"pad_to": "max", "compile": True}),
+    ):
+        cfg = make_cfg(
+            corpus,
+            train__amount=12,
+            model__dropout=0.0,
+            model__attention_dropout=0.0,
+            objective__max_seq_len=64,
+            impl__device="cuda",
+            impl__precision="fp32",
+            **{f"impl__{k}": v for k, v in impl.items()},
+        )
         lay = layout(name)
         m = train_run(cfg, lay, quiet=True)
         curves[name], refs[name] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
-    record(pad_max_abs_diff=_max_diff(curves["max"], curves["batch"]),
-           compile_max_abs_diff=_max_diff(curves["compiled"], curves["batch"]),
-           ref_loss={k: float(v) for k, v in refs.items()})
+    record(
+        pad_max_abs_diff=_max_diff(curves["max"], curves["batch"]),
+        compile_max_abs_diff=_max_diff(curves["compiled"], curves["batch"]),
+        ref_loss={k: float(v) for k, v in refs.items()},
+    )
     for name in ("max", "compiled"):
         # 1e-3 as for the other impl settings on CUDA: other shapes pick other GEMM kernels there
         np.testing.assert_allclose(curves[name], curves["batch"], rtol=1e-3, atol=1e-3, err_msg=name)

@@ -1,5 +1,6 @@
 """`study curve`: one CSV row per eval with increasing tokens, the study's own run folder, a finished run
 read back without retraining, and no fake curve from a run trained without intermediate evals."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,13 @@ def corpus_text(n_docs: int = 50, seed: int = 0) -> str:
     det, noun, verb = words[:8], words[8:160], words[160:]
     docs = []
     for _ in range(n_docs):
-        sents = [" ".join([rng.choice(det), rng.choice(noun), rng.choice(verb), rng.choice(det),
-                           rng.choice(noun)]).capitalize() + "." for _ in range(int(rng.integers(6, 10)))]
+        sents = [
+            " ".join(
+                [rng.choice(det), rng.choice(noun), rng.choice(verb), rng.choice(det), rng.choice(noun)]
+            ).capitalize()
+            + "."
+            for _ in range(int(rng.integers(6, 10)))
+        ]
         docs.append("\n".join(sents))
     return "\n\n".join(docs) + "\n"
 
@@ -36,11 +42,12 @@ def spec(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("curve")
     (root / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
     path = root / "tiny.yaml"
-    path.write_text(f"""
+    path.write_text(
+        f"""
 name: tiny-curve
 question: does a tiny model learn?
 defaults:
-  corpus: {{sources: ["text:{root / 'corpus.txt'}"], valid_fraction: 0.15}}
+  corpus: {{sources: ["text:{root / "corpus.txt"}"], valid_fraction: 0.15}}
   tokenizer: {{vocab_size: 300}}
   objective: {{format: segment_pair, max_seq_len: 32}}
   model: {{layers: 1, hidden: 32, heads: 2, intermediate: 64, max_positions: 64}}
@@ -50,7 +57,9 @@ defaults:
 factors:
   objective.sentence: [nsp, none]
 seeds: [0]
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -70,8 +79,10 @@ def test_curve_rows_then_reuse(spec, tmp_path, capsys):
     assert all(a["train_s"] < b["train_s"] for a, b in zip(rows, rows[1:]))
     assert all(0 < r["ref_mode_acc"] < 1 and 0 <= r["ref_mlm_acc"] <= 1 for r in rows)
     # the encoder's spread, and the same questions on rows of the warmup's short length (drawn dash-dot)
-    assert all(0 <= r["ref_spread"] <= 1 and 0 <= r["short_mask_acc"] <= 1 and 0 < r["short_mask_mode_acc"] < 1
-               for r in rows)
+    assert all(
+        0 <= r["ref_spread"] <= 1 and 0 <= r["short_mask_acc"] <= 1 and 0 < r["short_mask_mode_acc"] < 1
+        for r in rows
+    )
     # the study's own run folder (impl.eval_every is outside the hash), finished and matching its metrics
     rd = RunDir(Layout(root=results), run.run_hash)
     assert rd.status().done
@@ -86,7 +97,9 @@ def test_curve_rows_then_reuse(spec, tmp_path, capsys):
     (results / "curves" / f"{run.run_hash}.csv").unlink()
     assert run_cli(results, "curve", str(spec), "--run", run.run_hash, "--every", "3", "--quiet") == 0
     assert {p: p.read_bytes() for p in rd.path.rglob("*") if p.is_file()} == before
-    assert read_csv(results / "curves" / f"{run.run_hash}.csv") == rows  # the eval interval it was trained with
+    assert (
+        read_csv(results / "curves" / f"{run.run_hash}.csv") == rows
+    )  # the eval interval it was trained with
     assert "read from the finished run" in capsys.readouterr().out
 
 
@@ -112,9 +125,11 @@ def test_unknown_run_names_the_choices(spec, tmp_path, capsys):
 
 def test_train_seconds_from_log_windows():
     # windows of 100 tokens at 50 tok/s and 200 tokens at 100 tok/s: 2 s then 2 s more
-    hist = [{"step": 1, "tokens": 100, "loss": 5.0, "tokens_per_s": 50.0},
-            {"step": 1, "tokens": 100, "eval": {"ref_mlm_acc": 0.1}},
-            {"step": 2, "tokens": 300, "loss": 4.0, "tokens_per_s": 100.0}]
+    hist = [
+        {"step": 1, "tokens": 100, "loss": 5.0, "tokens_per_s": 50.0},
+        {"step": 1, "tokens": 100, "eval": {"ref_mlm_acc": 0.1}},
+        {"step": 2, "tokens": 300, "loss": 4.0, "tokens_per_s": 100.0},
+    ]
     toks, secs = train_seconds(hist)
     assert (toks, secs) == ([0, 100, 300], [0.0, 2.0, 4.0])
     assert seconds_at(200, toks, secs) == pytest.approx(3.0)

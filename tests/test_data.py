@@ -1,4 +1,5 @@
 """The data stage on a tiny text corpus: cache reuse, train-only tokenizer, manifest checks, lock, errors."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,19 @@ from study.errors import StudyError
 from study.paths import Layout
 from study.data.tokens import TokenizedSplit
 
-WORDS = ("the cat sat on a mat while dogs ran across green fields and birds sang loudly in tall trees "
-         "near old stone walls under grey clouds").split()
+WORDS = (
+    "the cat sat on a mat while dogs ran across green fields and birds sang loudly in tall trees "
+    "near old stone walls under grey clouds"
+).split()
 
 
 def _corpus_text(n_docs: int = 40, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     docs = []
     for _ in range(n_docs):
-        sents = [" ".join(rng.choice(WORDS, size=int(rng.integers(5, 15)))).capitalize() + "." for _ in range(6)]
+        sents = [
+            " ".join(rng.choice(WORDS, size=int(rng.integers(5, 15)))).capitalize() + "." for _ in range(6)
+        ]
         docs.append("\n".join(sents))
     return "\n\n".join(docs) + "\n"
 
@@ -37,8 +42,9 @@ def _corpus_text(n_docs: int = 40, seed: int = 0) -> str:
 def tiny(tmp_path):
     f = tmp_path / "corpus.txt"
     f.write_text(_corpus_text(), encoding="utf-8")
-    cfg = RunConfig.model_validate({"corpus": {"sources": [f"text:{f}"], "valid_fraction": 0.1},
-                                    "tokenizer": {"vocab_size": 200}})
+    cfg = RunConfig.model_validate(
+        {"corpus": {"sources": [f"text:{f}"], "valid_fraction": 0.1}, "tokenizer": {"vocab_size": 200}}
+    )
     return cfg, Layout(root=tmp_path / "results")
 
 
@@ -48,7 +54,13 @@ def test_prepare_writes_verified_folder_and_reuses_it(tiny, monkeypatch):
     assert p.dir == layout.data_dir(cfg.data_hash())
     assert verify(p.dir, cfg.data_hash()) is None
     man = json.loads((p.dir / "manifest.json").read_text())
-    assert set(man["files"]) >= {"train.npz", "valid.npz", "test.npz", "stats.json", "tokenizer/tokenizer.json"}
+    assert set(man["files"]) >= {
+        "train.npz",
+        "valid.npz",
+        "test.npz",
+        "stats.json",
+        "tokenizer/tokenizer.json",
+    }
     # stats: per split counts add up to the per-source totals, tokens equal the arrays
     st = p.stats
     for key in ("documents", "sentences", "words", "tokens"):
@@ -66,6 +78,7 @@ def test_prepare_writes_verified_folder_and_reuses_it(tiny, monkeypatch):
     # second call: no corpus read at all, same content
     def boom(*a, **k):
         raise AssertionError("load_corpus called on a cache hit")
+
     monkeypatch.setattr(corpus_mod, "load_corpus", boom)
     q = prepare_data(cfg, layout, progress=False)
     assert q.dir == p.dir and q.stats == p.stats
@@ -80,8 +93,12 @@ def test_tokenizer_is_trained_on_train_split_only(tmp_path):
     docs = [" ".join([f"zq{chr(97 + i // 26)}{chr(97 + i % 26)}x"] * 8) + "." for i in range(60)]
     f = tmp_path / "c.txt"
     f.write_text("\n\n".join(docs), encoding="utf-8")
-    cfg = RunConfig.model_validate({"corpus": {"sources": [f"text:{f}"], "valid_fraction": 0.2, "test_fraction": 0.1},
-                                    "tokenizer": {"vocab_size": 1000, "min_frequency": 2}})
+    cfg = RunConfig.model_validate(
+        {
+            "corpus": {"sources": [f"text:{f}"], "valid_fraction": 0.2, "test_fraction": 0.1},
+            "tokenizer": {"vocab_size": 1000, "min_frequency": 2},
+        }
+    )
     p = prepare_data(cfg, Layout(root=tmp_path / "r"), progress=False)
     vocab = p.tokenizer.get_vocab()
     corpus = corpus_mod.load_corpus(cfg.corpus, progress=False)  # the same deterministic split
@@ -99,6 +116,7 @@ def test_vocab_round_trip(tiny):
     cfg, layout = tiny
     p = prepare_data(cfg, layout, progress=False)
     from transformers import BertTokenizerFast
+
     again = BertTokenizerFast.from_pretrained(str(p.dir / "tokenizer"))
     assert len(again) == len(p.tokenizer) == p.stats["vocab_size"] > 5
     assert again.get_vocab() == p.tokenizer.get_vocab()
@@ -155,11 +173,13 @@ def test_concurrent_prepare_builds_once(tiny, monkeypatch):
         entered.set()
         time.sleep(0.5)  # the second caller must arrive while this build is in progress
         return real(*a, **k)
+
     monkeypatch.setattr(corpus_mod, "load_corpus", slow_load)
     out = {}
 
     def worker(name):
         out[name] = prepare_data(cfg, layout, progress=False)
+
     a = threading.Thread(target=worker, args=("a",))
     a.start()
     assert entered.wait(30)
@@ -198,7 +218,9 @@ def test_cli_exit_2_on_bad_corpus(tmp_path, capsys):
     f = tmp_path / "c.txt"
     f.write_bytes(b"\xff\xfe not utf8\n")
     spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: bad\nquestion: q\ndefaults:\n  corpus:\n    sources: ['text:{f}']\n", encoding="utf-8")
+    spec.write_text(
+        f"name: bad\nquestion: q\ndefaults:\n  corpus:\n    sources: ['text:{f}']\n", encoding="utf-8"
+    )
     root = tmp_path / "results"
     rc = main(["--results", str(root), "--reports", str(tmp_path / "rep"), "prepare", str(spec), "--quiet"])
     assert rc == 2
@@ -207,11 +229,25 @@ def test_cli_exit_2_on_bad_corpus(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- tokenizer fast path
-NASTY = ["café naïve 😀 x\u00a0y Straße ﬁne", "中文字符 mixed 日本", "tab\there\nnew\rline", "ctrl\x01char\x7f del",
-         "\x85next\u2028line\u2029", "", "   ", "a" * 150, "é" * 120 + " ok", "İstanbul ǅ Σίσυφος",
-         "\ufffd replacement \x00 nul", "don't-stop 3.14 $5 @user #tag ~x `q` ^ | {a}[b](c)", "ALL CAPS Mixed",
-         "word—dash “quoted” ‘single’ … ellipsis", "x" * 99 + " " + "y" * 101,
-         "the [MASK] sat on [CLS]x[SEP] and [mask] [UNK]", "[PAD][PAD] é[MASK]é"]
+NASTY = [
+    "café naïve 😀 x\u00a0y Straße ﬁne",
+    "中文字符 mixed 日本",
+    "tab\there\nnew\rline",
+    "ctrl\x01char\x7f del",
+    "\x85next\u2028line\u2029",
+    "",
+    "   ",
+    "a" * 150,
+    "é" * 120 + " ok",
+    "İstanbul ǅ Σίσυφος",
+    "\ufffd replacement \x00 nul",
+    "don't-stop 3.14 $5 @user #tag ~x `q` ^ | {a}[b](c)",
+    "ALL CAPS Mixed",
+    "word—dash “quoted” ‘single’ … ellipsis",
+    "x" * 99 + " " + "y" * 101,
+    "the [MASK] sat on [CLS]x[SEP] and [mask] [UNK]",
+    "[PAD][PAD] é[MASK]é",
+]
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
@@ -219,9 +255,18 @@ def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lo
     from study.config import TokenizerConfig
     from study.data.corpus import read_utf8, strip_gutenberg
     from study.data.tokenizer import encode_sentences, train_tokenizer
-    lines = [ln for ln in strip_gutenberg(read_utf8(shared_data / "gutenberg" / "pg11.txt")).split("\n") if ln.strip()]
-    lines += (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").split("\n")[:3000]
-    tok = train_tokenizer([lines[:2000]], TokenizerConfig(vocab_size=800, lowercase=lowercase), tmp_path / "tok")
+
+    lines = [
+        ln
+        for ln in strip_gutenberg(read_utf8(shared_data / "gutenberg" / "pg11.txt")).split("\n")
+        if ln.strip()
+    ]
+    lines += (
+        (shared_data / "wikitext-2-raw" / "wiki.valid.raw").read_text(encoding="utf-8").split("\n")[:3000]
+    )
+    tok = train_tokenizer(
+        [lines[:2000]], TokenizerConfig(vocab_size=800, lowercase=lowercase), tmp_path / "tok"
+    )
     sents = lines + NASTY
     fast_ids, fast_lens = encode_sentences(tok, sents, word_cache=True)
     ref_ids, ref_lens = encode_sentences(tok, sents, word_cache=False)
@@ -230,14 +275,17 @@ def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lo
     np.testing.assert_array_equal(fast_ids, ref_ids)
     # and the plain path is the HF tokenizer itself
     for s in NASTY + lines[:50]:
-        assert tok(s, add_special_tokens=False)["input_ids"] == ref_ids[ref_lens[:sents.index(s)].sum():][
-            :ref_lens[sents.index(s)]].tolist()
+        assert (
+            tok(s, add_special_tokens=False)["input_ids"]
+            == ref_ids[ref_lens[: sents.index(s)].sum() :][: ref_lens[sents.index(s)]].tolist()
+        )
 
 
 def test_tokenize_docs_keeps_document_alignment(tiny):
     cfg, layout = tiny
     p = prepare_data(cfg, layout, progress=False)
     from study.data.tokenizer import tokenize_docs
+
     docs = [["Hello cat."], ["", "\x01"], ["The mat.", "", "Dogs ran."]]  # doc 1 has no tokens at all
     sp = tokenize_docs(p.tokenizer, docs, progress=False)
     assert sp.n_docs == 3 and sp.n_sents == 3
@@ -248,6 +296,7 @@ def test_tokenize_docs_keeps_document_alignment(tiny):
 # --------------------------------------------------------------------------- describe / CLI
 def test_describe_shows_stats_and_masked_instances(tiny):
     from study.data.prepare import describe
+
     cfg, layout = tiny
     p = prepare_data(cfg, layout, progress=False)
     out = describe(p, n=3)
@@ -266,10 +315,24 @@ def test_cli_data_prints_description(tmp_path, capsys):
     f = tmp_path / "corpus.txt"
     f.write_text(_corpus_text(), encoding="utf-8")
     spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: t\nquestion: q\ndefaults:\n  corpus:\n    sources: ['text:{f}']\n"
-                    f"  tokenizer:\n    vocab_size: 200\n  objective:\n    max_seq_len: 32\n", encoding="utf-8")
-    rc = main(["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "rep"), "data", str(spec),
-               "--quiet", "--samples", "2"])
+    spec.write_text(
+        f"name: t\nquestion: q\ndefaults:\n  corpus:\n    sources: ['text:{f}']\n"
+        f"  tokenizer:\n    vocab_size: 200\n  objective:\n    max_seq_len: 32\n",
+        encoding="utf-8",
+    )
+    rc = main(
+        [
+            "--results",
+            str(tmp_path / "results"),
+            "--reports",
+            str(tmp_path / "rep"),
+            "data",
+            str(spec),
+            "--quiet",
+            "--samples",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[0] " in out and "[1] " in out and "[2] " not in out and "[MASK:" in out
@@ -280,24 +343,46 @@ def test_learn_wordpiece_known_example():
     from collections import Counter
 
     from study.data.tokenizer import SPECIALS, learn_wordpiece
+
     words = Counter({"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5})
     vocab = learn_wordpiece(words, vocab_size=100, min_frequency=5)
     # pair counts: ##u ##g 20, ##u ##n 16, h ##ug 15, p ##un 12, then a tie at 5 (hug ##s, p ##ug):
     # broken by the strings; b ##un (4) is below min_frequency
-    assert vocab == [*SPECIALS, "b", "g", "h", "n", "p", "s", "u", "##g", "##n", "##s", "##u",
-                     "##ug", "##un", "hug", "pun", "hugs", "pug"]
+    assert vocab == [
+        *SPECIALS,
+        "b",
+        "g",
+        "h",
+        "n",
+        "p",
+        "s",
+        "u",
+        "##g",
+        "##n",
+        "##s",
+        "##u",
+        "##ug",
+        "##un",
+        "hug",
+        "pun",
+        "hugs",
+        "pug",
+    ]
     assert learn_wordpiece(words, vocab_size=18, min_frequency=1)[-2:] == ["##ug", "##un"]
 
 
 def test_tokenizer_training_is_byte_identical_across_builds(tmp_path):
     from study.config import TokenizerConfig
     from study.data.tokenizer import train_tokenizer
+
     docs = [[s] for s in _corpus_text(60, seed=3).split("\n") if s.strip()]
     docs.append(["Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2014 \u201cquoted\u201d text, hyph-en-ated words."])
     cfg = TokenizerConfig(vocab_size=300, min_frequency=1)
     a = train_tokenizer(docs, cfg, tmp_path / "a")
     b = train_tokenizer(docs, cfg, tmp_path / "b")
-    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (
+        tmp_path / "b" / "tokenizer.json"
+    ).read_bytes()
     assert a.get_vocab() == b.get_vocab() and len(a) > 100
     assert a.convert_ids_to_tokens([0, 1, 2, 3, 4]) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     # specials are atomic in text, and every training word encodes without [UNK]
@@ -310,10 +395,13 @@ def test_mixed_sources_stats_per_source(tmp_path):
     text = tmp_path / "c.txt"
     text.write_text(_corpus_text(30), encoding="utf-8")
     wiki = tmp_path / "w.raw"
-    wiki.write_text("".join(f" \n = Article {i} = \n \n The cat sat on mat number {i} . \n" for i in range(12)),
-                    encoding="utf-8")
-    cfg = RunConfig.model_validate({"corpus": {"sources": [f"text:{text}", f"wikitext:{wiki}"]},
-                                    "tokenizer": {"vocab_size": 200}})
+    wiki.write_text(
+        "".join(f" \n = Article {i} = \n \n The cat sat on mat number {i} . \n" for i in range(12)),
+        encoding="utf-8",
+    )
+    cfg = RunConfig.model_validate(
+        {"corpus": {"sources": [f"text:{text}", f"wikitext:{wiki}"]}, "tokenizer": {"vocab_size": 200}}
+    )
     p = prepare_data(cfg, Layout(root=tmp_path / "r"), progress=False)
     src = p.stats["sources"]
     assert [s["kind"] for s in src] == ["text", "wikitext"] and [s["documents"] for s in src] == [30, 12]
@@ -332,20 +420,26 @@ def _edit_in_place_same_size(f: Path) -> None:
 
 def _spec_on(tmp_path: Path, corpus: Path) -> Path:
     spec = tmp_path / "s.yaml"
-    spec.write_text(f"name: fp\ndefaults:\n  corpus: {{sources: ['text:{corpus}'], valid_fraction: 0.1}}\n"
-                    "  tokenizer: {vocab_size: 200}\n", encoding="utf-8")
+    spec.write_text(
+        f"name: fp\ndefaults:\n  corpus: {{sources: ['text:{corpus}'], valid_fraction: 0.1}}\n"
+        "  tokenizer: {vocab_size: 200}\n",
+        encoding="utf-8",
+    )
     return spec
 
 
 def test_an_edited_corpus_is_a_new_identity_and_is_rebuilt(tmp_path, monkeypatch):
     from study.studies.spec import load_study
+
     src = tmp_path / "corpus"
     src.mkdir()
     for i in range(3):
         (src / f"book{i}.txt").write_text(_corpus_text(15, seed=i), encoding="utf-8")
     spec, layout = _spec_on(tmp_path, src), Layout(root=tmp_path / "results")
     old = load_study(spec).runs[0].config
-    assert old.corpus.fingerprint and load_study(spec).runs[0].run_hash == old.run_hash()  # stable when unchanged
+    assert (
+        old.corpus.fingerprint and load_study(spec).runs[0].run_hash == old.run_hash()
+    )  # stable when unchanged
     first = prepare_data(old, layout, progress=False)
     size = (src / "book1.txt").stat().st_size
     _edit_in_place_same_size(src / "book1.txt")
@@ -397,10 +491,14 @@ def test_reference_set_is_the_same_whatever_the_run_trains(tiny):
     cfg, layout = tiny
     prepared = prepare_data(cfg, layout, progress=False)
     base = cfg.model_dump()
-    variants = [cfg] + [RunConfig.model_validate({**base, **change}) for change in (
-        {"masking": {**base["masking"], "rate": 0.4, "unit": "whole_word"}},
-        {"masking": {**base["masking"], "mask": 0.0, "random": 0.0, "keep": 1.0}},
-        {"objective": {**base["objective"], "format": "doc_sentences", "sentence": "none"}})]
+    variants = [cfg] + [
+        RunConfig.model_validate({**base, **change})
+        for change in (
+            {"masking": {**base["masking"], "rate": 0.4, "unit": "whole_word"}},
+            {"masking": {**base["masking"], "mask": 0.0, "random": 0.0, "keep": 1.0}},
+            {"objective": {**base["objective"], "format": "doc_sentences", "sentence": "none"}},
+        )
+    ]
     for v in variants[1:]:
         assert v.data_hash() == cfg.data_hash() and v.run_hash() != cfg.run_hash()
     sets = [reference_set(v, prepared) for v in variants]
@@ -409,6 +507,7 @@ def test_reference_set_is_the_same_whatever_the_run_trains(tiny):
         for f in ("input_ids", "labels", "attention_mask", "token_type_ids"):
             assert torch.equal(getattr(s, f), getattr(sets[0], f)), f
     # and it does move with what should move it: another row length is another reference
-    longer = RunConfig.model_validate({**base, "objective": {**base["objective"],
-                                                             "max_seq_len": cfg.objective.max_seq_len // 2}})
+    longer = RunConfig.model_validate(
+        {**base, "objective": {**base["objective"], "max_seq_len": cfg.objective.max_seq_len // 2}}
+    )
     assert reference_set(longer, prepared).input_ids.shape[1] != sets[0].input_ids.shape[1]

@@ -6,6 +6,7 @@ killed at its own point, then one runs to the end; its results must equal an uni
 (weights bitwise, metrics exactly, fine-tuning scores exactly) and no partial file may be read as
 complete. The chain runs through `study run` and through `dvc repro`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,14 +48,34 @@ report:
 """
 
 # Timing and machine facts legitimately differ between two runs of the same config.
-VOLATILE = {"wall_s", "tokens_per_s", "mfu", "peak_flops", "started", "finished", "provenance",
-            "elapsed_s", "time_s", "peak_tflops", "matmul_peak_flops"}
+VOLATILE = {
+    "wall_s",
+    "tokens_per_s",
+    "mfu",
+    "peak_flops",
+    "started",
+    "finished",
+    "provenance",
+    "elapsed_s",
+    "time_s",
+    "peak_tflops",
+    "matmul_peak_flops",
+}
 
 
 def _env(**extra: str) -> dict:
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@t", **extra}
+    return {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        **extra,
+    }
 
 
 def _project(root: Path) -> Path:
@@ -88,13 +109,17 @@ def fingerprint(results: Path) -> dict:
         out[f"{run.name}/metrics"] = _strip(json.loads((run / "metrics.json").read_text()))
         for w in sorted((run / "model").glob("*.safetensors")):
             out[f"{run.name}/{w.name}"] = hashlib.sha256(w.read_bytes()).hexdigest()
-        losses = [json.loads(line).get("loss") for line in (run / "history.jsonl").read_text().splitlines()
-                  if line.strip()]
+        losses = [
+            json.loads(line).get("loss")
+            for line in (run / "history.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         out[f"{run.name}/history_losses"] = losses
     for f in sorted((results / "finetune").rglob("*-seed*.json")):
         res = json.loads(f.read_text())
         out[str(f.relative_to(results))] = res.get("metrics", res.get("skipped"))
     import pandas as pd
+
     tidy = pd.read_csv(results / "studies" / "faulty" / "results.csv")
     tidy = tidy[~tidy["metric"].isin(VOLATILE)]
     out["tidy"] = sorted(tidy.to_csv(index=False).splitlines())
@@ -136,12 +161,23 @@ def reference(tmp_path_factory) -> dict:
 # Points spread through every stage of a study, each in its own restarted process: data preparation,
 # training steps, checkpoint writes, the run folder's final files, fine-tuning results and its cache,
 # the aggregate and the report. "io.replace@X:n" = the n-th atomic write whose path contains X.
-STUDY_RUN_POINTS = ["io.replace@results/data:1", "io.replace@results/data:3", "train.step:2",
-                    "io.replace@checkpoints:1", "train.step:4", "io.replace@checkpoints:2",
-                    "io.replace@results/runs:3", "io.replace@model:1", "io.replace@status.json:1",
-                    "io.replace@results/.cache:1", "io.replace@results/finetune:1",
-                    "io.replace@results/finetune:3", "io.replace@results/studies:1",
-                    "io.replace@results/studies:4", "io.replace@reports:1"]
+STUDY_RUN_POINTS = [
+    "io.replace@results/data:1",
+    "io.replace@results/data:3",
+    "train.step:2",
+    "io.replace@checkpoints:1",
+    "train.step:4",
+    "io.replace@checkpoints:2",
+    "io.replace@results/runs:3",
+    "io.replace@model:1",
+    "io.replace@status.json:1",
+    "io.replace@results/.cache:1",
+    "io.replace@results/finetune:1",
+    "io.replace@results/finetune:3",
+    "io.replace@results/studies:1",
+    "io.replace@results/studies:4",
+    "io.replace@reports:1",
+]
 
 
 def test_study_run_survives_kills(reference, tmp_path):
@@ -153,21 +189,40 @@ def test_study_run_survives_kills(reference, tmp_path):
     assert fingerprint(root / "results") == reference
     where = " ".join(landed)
     assert len(landed) >= 12, landed
-    for stage in ("results/data", "train.step", "checkpoints", "results/finetune", "results/studies", "reports"):
+    for stage in (
+        "results/data",
+        "train.step",
+        "checkpoints",
+        "results/finetune",
+        "results/studies",
+        "reports",
+    ):
         assert stage in where, (stage, landed)
 
 
-DVC_POINTS = ["io.replace@results/data:2", "train.step:4", "io.replace@checkpoints:1",
-              "io.replace@results/runs:2", "io.replace@results/finetune:1", "io.replace@results/finetune:2",
-              "io.replace@results/studies:2", "io.replace@reports:1"]
+DVC_POINTS = [
+    "io.replace@results/data:2",
+    "train.step:4",
+    "io.replace@checkpoints:1",
+    "io.replace@results/runs:2",
+    "io.replace@results/finetune:1",
+    "io.replace@results/finetune:2",
+    "io.replace@results/studies:2",
+    "io.replace@reports:1",
+]
 
 
 def test_dvc_repro_survives_kills(reference, tmp_path):
     root = _project(tmp_path / "p")
     shutil.copytree(REPO / "study", root / "study", ignore=shutil.ignore_patterns("__pycache__"))
     (root / ".gitignore").write_text("/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n")
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["study", "sync"], ["git", "add", "-A"],
-                ["git", "commit", "-qm", "x"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["dvc", "init", "-q"],
+        ["study", "sync"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "x"],
+    ):
         proc = _run(root, cmd)
         assert proc.returncode == 0, proc.stderr
     # DVC runs each stage in a child process; the kill lands there, and dvc itself reports the failure
@@ -189,8 +244,10 @@ def test_two_concurrent_study_runs_train_each_run_once(reference, tmp_path):
     trace = tmp_path / "trace.txt"
     cmd = ["study", "run", "ablations/faulty.yaml", "--quiet"]
     env = _env(STUDY_TRACE=str(trace))
-    procs = [subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=900)
         assert p.returncode == 0, err[-3000:]
@@ -202,10 +259,17 @@ def test_two_concurrent_study_runs_train_each_run_once(reference, tmp_path):
 def test_a_diverged_run_is_reported_and_the_study_finishes(tmp_path, monkeypatch):
     root = _project(tmp_path / "p")
     from study.studies.spec import load_study
+
     monkeypatch.chdir(root)  # the spec's corpus path is relative: read (and fingerprinted) from the project
     victim = load_study(root / "ablations" / "faulty.yaml").runs[0].run_hash
-    proc = subprocess.run(["study", "run", "ablations/faulty.yaml", "--quiet"], cwd=root, capture_output=True,
-                          text=True, timeout=900, env=_env(STUDY_INJECT_NAN_AT_STEP=f"{victim}:5"))
+    proc = subprocess.run(
+        ["study", "run", "ablations/faulty.yaml", "--quiet"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(STUDY_INJECT_NAN_AT_STEP=f"{victim}:5"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     status = json.loads((root / "results" / "runs" / victim / "status.json").read_text())
     assert status["status"] == "diverged" and status["step"] == 5, status
@@ -214,6 +278,12 @@ def test_a_diverged_run_is_reported_and_the_study_finishes(tmp_path, monkeypatch
     html = (root / "reports" / "faulty" / "index.html").read_text()
     assert victim in html and "diverged" in html
     # `study pretrain` without --keep-going says so with its own exit status
-    proc = subprocess.run(["study", "pretrain", "ablations/faulty.yaml", "--run", victim, "--quiet"], cwd=root,
-                          capture_output=True, text=True, timeout=900, env=_env())
+    proc = subprocess.run(
+        ["study", "pretrain", "ablations/faulty.yaml", "--run", victim, "--quiet"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=_env(),
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]

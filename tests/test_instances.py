@@ -5,6 +5,7 @@ Sentences are cut by a regex, not pysbd (~600 sentences/s would take over a minu
 building only needs sentence and document boundaries, not good ones. "Documents" are runs of 40
 paragraphs, so NSP has hundreds of documents to draw from.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from study.config import ObjectiveConfig
 from study.errors import StudyError
-from study.data.instances import (Instances, build_instances, reference_instances, truncation_counts)
+from study.data.instances import Instances, build_instances, reference_instances, truncation_counts
 from study.data.tokens import SpecialIds, TokenizedSplit
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
@@ -20,8 +21,12 @@ SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 
 def _toy(n_docs=50, seed=0, max_sents=30, max_len=40) -> TokenizedSplit:
     rng = np.random.default_rng(seed)
-    return TokenizedSplit.from_lists([[list(rng.integers(5, 1000, rng.integers(1, max_len)))
-                                       for _ in range(rng.integers(1, max_sents))] for _ in range(n_docs)])
+    return TokenizedSplit.from_lists(
+        [
+            [list(rng.integers(5, 1000, rng.integers(1, max_len))) for _ in range(rng.integers(1, max_sents))]
+            for _ in range(n_docs)
+        ]
+    )
 
 
 def _doc_of(split: TokenizedSplit, tok):
@@ -42,8 +47,16 @@ def _check_pair_rows(inst: Instances, split: TokenizedSplit, sp: SpecialIds, L: 
     rng = np.random.default_rng(0)
     for i in rng.choice(len(inst), size=min(2000, len(inst)), replace=False):
         x, y = int(la[i]), int(lb[i])
-        exp = np.concatenate([[sp.cls], split.ids[a[i, 0]:a[i, 1]], [sp.sep], split.ids[b[i, 0]:b[i, 1]],
-                              [sp.sep], np.full(L - 3 - x - y, sp.pad)])
+        exp = np.concatenate(
+            [
+                [sp.cls],
+                split.ids[a[i, 0] : a[i, 1]],
+                [sp.sep],
+                split.ids[b[i, 0] : b[i, 1]],
+                [sp.sep],
+                np.full(L - 3 - x - y, sp.pad),
+            ]
+        )
         assert np.array_equal(ids[i], exp)
         assert np.array_equal(tt[i], np.r_[np.zeros(x + 2), np.ones(y + 1), np.zeros(L - 3 - x - y)])
     assert np.array_equal(inst.attention_mask().sum(1), inst.lengths)
@@ -59,7 +72,7 @@ def test_truncation_counts_equal_berts_loop():
         for lb in range(1, 40):
             for m in (2, 5, 17, 30, 125):
                 a, b = la, lb
-                while a + b > m:       # google-research/bert truncate_seq_pair, counting only
+                while a + b > m:  # google-research/bert truncate_seq_pair, counting only
                     if a > b:
                         a -= 1
                     else:
@@ -71,8 +84,12 @@ def test_truncation_counts_equal_berts_loop():
 def test_nsp_segment_pairs(real):
     split, sp, _ = real
     L = 128
-    inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="nsp", max_seq_len=L,
-                                                  dupe_factor=3), sp, seed=0)
+    inst = build_instances(
+        split,
+        ObjectiveConfig(format="segment_pair", sentence="nsp", max_seq_len=L, dupe_factor=3),
+        sp,
+        seed=0,
+    )
     assert len(inst) > 25_000
     _check_pair_rows(inst, split, sp, L)
     lab = inst.sentence_label
@@ -101,8 +118,9 @@ def test_short_seq_prob(real):
     split, sp, _ = real
     short = []
     for p in (0.0, 0.1, 1.0):
-        inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="none", short_seq_prob=p),
-                               sp, seed=0)
+        inst = build_instances(
+            split, ObjectiveConfig(format="segment_pair", sentence="none", short_seq_prob=p), sp, seed=0
+        )
         short.append(float((inst.lengths < 64).mean()))
     assert short[0] < 0.05 and short[0] < short[1] < short[2] and short[2] > 0.25, short
 
@@ -136,8 +154,9 @@ def test_segment_pairs_without_sentence_task(real):
 
 def test_sop_segment_pairs(real):
     split, sp, _ = real
-    inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="sop", dupe_factor=4),
-                           sp, seed=0)
+    inst = build_instances(
+        split, ObjectiveConfig(format="segment_pair", sentence="sop", dupe_factor=4), sp, seed=0
+    )
     assert len(inst) > 25_000
     _check_pair_rows(inst, split, sp, 128)
     lab = inst.sentence_label
@@ -163,17 +182,18 @@ def test_sentence_pairs_nsp(real):
     assert (inst.b_doc[rnd] != inst.a_doc[rnd]).all()
     b_s = np.searchsorted(split.sent_starts, inst.b_full[rnd, 0], side="right") - 1
     assert (inst.b_full[rnd, 0] == split.sent_starts[b_s]).all()
-    assert (inst.b_full[rnd, 1] == split.sent_starts[b_s + 1]).all()       # exactly one sentence
+    assert (inst.b_full[rnd, 1] == split.sent_starts[b_s + 1]).all()  # exactly one sentence
 
 
 # --------------------------------------------------------------------------- packed formats
 def test_doc_sentences_never_cross_and_tile_each_document(real):
     split, sp, _ = real
     L = 128
-    inst = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none", max_seq_len=L),
-                           sp, seed=0)
+    inst = build_instances(
+        split, ObjectiveConfig(format="doc_sentences", sentence="none", max_seq_len=L), sp, seed=0
+    )
     a = inst.a_span
-    assert (inst.a_doc == inst.a_doc_last).all()            # never crosses a document
+    assert (inst.a_doc == inst.a_doc_last).all()  # never crosses a document
     assert (inst.sentence_label == -1).all() and (inst.token_type_ids == 0).all()
     # blocks tile the corpus: every token exactly once, in order
     assert a[0, 0] == 0 and a[-1, 1] == split.n_tokens and (a[1:, 0] == a[:-1, 1]).all()
@@ -184,15 +204,16 @@ def test_doc_sentences_never_cross_and_tile_each_document(real):
     assert (ids[:, 0] == sp.cls).all() and (ids[np.arange(len(inst)), inst.lengths - 1] == sp.sep).all()
     for i in range(0, len(inst), 7):
         n = inst.lengths[i] - 2
-        assert np.array_equal(ids[i, 1:1 + n], split.ids[a[i, 0]:a[i, 1]])
-        assert (ids[i, n + 2:] == sp.pad).all()
+        assert np.array_equal(ids[i, 1 : 1 + n], split.ids[a[i, 0] : a[i, 1]])
+        assert (ids[i, n + 2 :] == sp.pad).all()
 
 
 def test_full_sentences_pack_across_documents(real):
     split, sp, _ = real
     L = 128
-    inst = build_instances(split, ObjectiveConfig(format="full_sentences", sentence="none", max_seq_len=L),
-                           sp, seed=0)
+    inst = build_instances(
+        split, ObjectiveConfig(format="full_sentences", sentence="none", max_seq_len=L), sp, seed=0
+    )
     padding = 1 - inst.lengths.sum() / inst.input_ids.size
     assert padding <= 0.02
     a = inst.a_span
@@ -203,9 +224,9 @@ def test_full_sentences_pack_across_documents(real):
     for i in range(len(inst)):
         # the row is A's tokens with one [SEP] before every document start strictly inside A
         cuts = doc_tok[(doc_tok > a[i, 0]) & (doc_tok < a[i, 1])]
-        exp = np.insert(split.ids[a[i, 0]:a[i, 1]], cuts - a[i, 0], sp.sep)
+        exp = np.insert(split.ids[a[i, 0] : a[i, 1]], cuts - a[i, 0], sp.sep)
         n = inst.lengths[i] - 2
-        assert len(exp) == n and np.array_equal(inst.input_ids[i, 1:1 + n], exp)
+        assert len(exp) == n and np.array_equal(inst.input_ids[i, 1 : 1 + n], exp)
         assert inst.input_ids[i, 1] != sp.sep and inst.input_ids[i, n] != sp.sep
 
 
@@ -213,17 +234,28 @@ def test_reference_instances_are_fixed(real):
     split, sp, _ = real
     r1 = reference_instances(split, 64, sp)
     r2 = reference_instances(split, 64, sp)
-    d = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none", max_seq_len=64), sp,
-                        seed=1234)
+    d = build_instances(
+        split, ObjectiveConfig(format="doc_sentences", sentence="none", max_seq_len=64), sp, seed=1234
+    )
     for f in ("input_ids", "a_span"):
-        assert np.array_equal(getattr(r1, f), getattr(r2, f)) and np.array_equal(getattr(r1, f), getattr(d, f))
+        assert np.array_equal(getattr(r1, f), getattr(r2, f)) and np.array_equal(
+            getattr(r1, f), getattr(d, f)
+        )
     assert r1.input_ids.shape[1] == 64
 
 
 # --------------------------------------------------------------------------- determinism, dupes
-@pytest.mark.parametrize("fmt,sent", [("segment_pair", "nsp"), ("segment_pair", "sop"), ("segment_pair", "none"),
-                                      ("sentence_pair", "nsp"), ("full_sentences", "none"),
-                                      ("doc_sentences", "none")])
+@pytest.mark.parametrize(
+    "fmt,sent",
+    [
+        ("segment_pair", "nsp"),
+        ("segment_pair", "sop"),
+        ("segment_pair", "none"),
+        ("sentence_pair", "nsp"),
+        ("full_sentences", "none"),
+        ("doc_sentences", "none"),
+    ],
+)
 def test_seeded(fmt, sent):
     split = _toy()
     obj = ObjectiveConfig(format=fmt, sentence=sent, max_seq_len=64)
@@ -237,9 +269,9 @@ def test_seeded(fmt, sent):
         assert a.input_ids.shape != c.input_ids.shape or not np.array_equal(a.input_ids, c.input_ids)
     dup = build_instances(split, obj.model_copy(update={"dupe_factor": 3}), SP, seed=0)
     # copy 0 is the single build; copies differ from each other (static masking needs distinct copies)
-    assert np.array_equal(dup.input_ids[:len(a)], a.input_ids)
+    assert np.array_equal(dup.input_ids[: len(a)], a.input_ids)
     n = len(a)
-    assert not (len(dup) == 3 * n and np.array_equal(dup.input_ids[n:2 * n], dup.input_ids[:n]))
+    assert not (len(dup) == 3 * n and np.array_equal(dup.input_ids[n : 2 * n], dup.input_ids[:n]))
 
 
 def test_pair_rows_small_max_seq_len():
@@ -261,8 +293,9 @@ def test_nsp_needs_two_documents():
 
 
 def test_too_short_max_seq_len_names_field():
-    obj = ObjectiveConfig.model_construct(format="segment_pair", sentence="nsp", max_seq_len=4,
-                                          short_seq_prob=0.1, dupe_factor=1)
+    obj = ObjectiveConfig.model_construct(
+        format="segment_pair", sentence="nsp", max_seq_len=4, short_seq_prob=0.1, dupe_factor=1
+    )
     with pytest.raises(StudyError, match="objective.max_seq_len") as e:
         build_instances(_toy(), obj, SP, seed=0)
     assert "[CLS] A [SEP] B [SEP]" in str(e.value) and e.value.allowed

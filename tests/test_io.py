@@ -1,4 +1,5 @@
 """study/io.py: atomic folders under concurrent writers."""
+
 from __future__ import annotations
 
 import os
@@ -17,13 +18,14 @@ def test_atomic_dir_succeeds_when_another_writer_replaces_the_folder_in_between(
     real, raced = os.replace, []
 
     def replace(src, dst):
-        if Path(dst) == final and not raced:   # the other writer's folder lands first
+        if Path(dst) == final and not raced:  # the other writer's folder lands first
             raced.append(1)
             final.mkdir(exist_ok=True)
             (final / "theirs.png").write_text("theirs")
         return real(src, dst)
+
     monkeypatch.setattr(os, "replace", replace)
     with atomic_dir(final) as tmp:
         (tmp / "ours.png").write_text("ours")
     assert raced and sorted(p.name for p in final.iterdir()) == ["ours.png"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["figures"]   # no temp or set-aside folder left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figures"]  # no temp or set-aside folder left

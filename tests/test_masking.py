@@ -6,6 +6,7 @@ length +-5% of the exact clipped-geometric mean), on the default generator ("cou
 batches check the mechanics on both generators; the counter function is checked against a pure-Python
 uint64 SplitMix64, and both generators' masks are pinned by digests (CPU against CUDA: test_cuda.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,18 +18,26 @@ import torch
 from study.config import MaskingConfig, ObjectiveConfig, RunConfig
 from study.data import counter
 from study.errors import StudyError
-from study.data.masking import (_non_special_table, mask_rows, mask_tokens, mask_units, reference_masking,
-                                select_units)
+from study.data.masking import (
+    _non_special_table,
+    mask_rows,
+    mask_tokens,
+    mask_units,
+    reference_masking,
+    select_units,
+)
 from study.data.tokens import SpecialIds
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
 GENERATORS = ["counter", "numpy"]
 
+
 @pytest.fixture(scope="session")
 def rows(real):
     """(ids [N, 128] long, special, continuation bool tensor): >= 1M maskable real tokens."""
     from study.data.instances import build_instances
+
     split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="doc_sentences", sentence="none"), sp, seed=0)
     ids = torch.as_tensor(inst.input_ids).long()
@@ -40,6 +49,7 @@ def rows(real):
 def pair_rows(real):
     """segment_pair rows (a [SEP] in the middle) for the structural span/word checks."""
     from study.data.instances import build_instances
+
     split, sp, cont = real
     inst = build_instances(split, ObjectiveConfig(format="segment_pair", sentence="nsp"), sp, seed=0)
     return torch.as_tensor(inst.input_ids[:3000]).long(), sp, torch.as_tensor(cont)
@@ -80,14 +90,14 @@ def _fates(ids, inp, unit, sp):
 def _check_split(ids, inp, unit, sp, cfg, tol=0.01):
     fm, fr, fk, mixed, present = _fates(ids, inp, unit, sp)
     n = int(present.sum())
-    assert int(mixed.sum()) <= 0.001 * n       # only via random draws equal to the original id
+    assert int(mixed.sum()) <= 0.001 * n  # only via random draws equal to the original id
     for got, want in ((fm, cfg.mask), (fr, cfg.random), (fk, cfg.keep)):
         assert abs(int(got.sum()) / n - want) < tol, (int(got.sum()) / n, want)
 
 
 def _check_no_specials(ids, inp, lab, sp):
     sel = lab != -100
-    assert not (sel & ~_maskable(ids, sp)).any()                 # never selects cls/sep/pad/mask
+    assert not (sel & ~_maskable(ids, sp)).any()  # never selects cls/sep/pad/mask
     assert (lab[sel] == ids[sel]).all() and (inp[~sel] == ids[~sel]).all()
     changed = sel & (inp != ids) & (inp != sp.mask)
     assert not torch.isin(inp[changed], torch.tensor(sp.all)).any()  # random ids never special
@@ -97,7 +107,10 @@ def _check_no_specials(ids, inp, lab, sp):
 def _batch(b=64, l=128, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 1000, (b, l), generator=g)
-    ids[:, 0] = SP.cls; ids[:, 60] = SP.sep; ids[:, -1] = SP.sep; ids[:, 100:127] = SP.pad
+    ids[:, 0] = SP.cls
+    ids[:, 60] = SP.sep
+    ids[:, -1] = SP.sep
+    ids[:, 100:127] = SP.pad
     return ids
 
 
@@ -109,7 +122,8 @@ def test_random_table_is_the_non_special_vocab():
 @pytest.mark.parametrize("generator", GENERATORS)
 def test_seed_determinism(generator):
     ids = _batch()
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         cfg = MaskingConfig(unit=unit, generator=generator)
         a = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
@@ -140,7 +154,8 @@ def test_reference_independent_of_batching():
 @pytest.mark.parametrize("generator", GENERATORS)
 def test_max_predictions_is_a_hard_cap(generator):
     ids = _batch()
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
             cfg = MaskingConfig(rate=0.5, unit=unit, count=count, max_predictions=7, generator=generator)
@@ -159,11 +174,17 @@ def test_input_not_modified_and_rows_without_maskable_tokens(generator):
     ids = _batch()
     ids[3, 1:] = SP.pad
     before = ids.clone()
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
-            inp, lab = mask_tokens(ids, MaskingConfig(unit=unit, count=count, generator=generator), SP, cont,
-                                   torch.Generator().manual_seed(0))
+            inp, lab = mask_tokens(
+                ids,
+                MaskingConfig(unit=unit, count=count, generator=generator),
+                SP,
+                cont,
+                torch.Generator().manual_seed(0),
+            )
             assert torch.equal(ids, before) and (lab[3] == -100).all() and torch.equal(inp[3], ids[3])
 
 
@@ -176,8 +197,11 @@ def test_rates_and_split_real(rows, unit, count):
     wid, _ = _words(ids, sp, cont)
     for k, rate in enumerate(RATES):
         # an uneven split too, so a swapped random/keep would show
-        cfg = MaskingConfig(rate=rate, unit=unit, count=count, mask=0.7, random=0.2, keep=0.1) if k % 2 \
+        cfg = (
+            MaskingConfig(rate=rate, unit=unit, count=count, mask=0.7, random=0.2, keep=0.1)
+            if k % 2
             else MaskingConfig(rate=rate, unit=unit, count=count)
+        )
         inp, lab, unit_ids = mask_units(ids, cfg, sp, cont, torch.Generator().manual_seed(k))
         assert torch.equal(lab != -100, unit_ids >= 0)
         sel = lab != -100
@@ -190,10 +214,12 @@ def test_rates_and_split_real(rows, unit, count):
             n_sel = torch.bincount(w, weights=sel[wid >= 0].double())
             n_all = torch.bincount(w)
             assert ((n_sel == 0) | (n_sel == n_all)).all()
-            assert torch.equal(torch.unique(unit_ids[sel]).numel() * torch.ones(1, dtype=torch.long),
-                               torch.unique(wid[sel]).numel() * torch.ones(1, dtype=torch.long))
+            assert torch.equal(
+                torch.unique(unit_ids[sel]).numel() * torch.ones(1, dtype=torch.long),
+                torch.unique(wid[sel]).numel() * torch.ones(1, dtype=torch.long),
+            )
             multi = (n_all > 1) & (n_sel > 0)
-            assert multi.sum() > 1000                               # the property is exercised
+            assert multi.sum() > 1000  # the property is exercised
 
 
 def _clipped_geometric_mean(p, m):
@@ -216,7 +242,7 @@ def test_span_real(rows, count):
     wid, start = _words(ids, sp, cont)
     # span length in words = word starts inside the span
     words_per_span = torch.bincount(unit_ids[sel & start])
-    words_per_span = words_per_span[words_per_span > 0]            # unit ids are unique, not contiguous
+    words_per_span = words_per_span[words_per_span > 0]  # unit ids are unique, not contiguous
     assert len(words_per_span) == len(torch.unique(unit_ids[sel])) > 20_000
     expect = _clipped_geometric_mean(cfg.span_p, cfg.span_max)
     assert abs(words_per_span.double().mean().item() / expect - 1) < 0.05
@@ -228,22 +254,26 @@ def test_span_real(rows, count):
 def test_span_structure(pair_rows):
     """Spans are contiguous, whole words, never cross [SEP]; on rows with A [SEP] B."""
     ids, sp, cont = pair_rows
-    unit_ids = select_units(ids, MaskingConfig(rate=0.3, unit="span"), sp, cont, torch.Generator().manual_seed(0))
+    unit_ids = select_units(
+        ids, MaskingConfig(rate=0.3, unit="span"), sp, cont, torch.Generator().manual_seed(0)
+    )
     sel = unit_ids >= 0
     wid, start = _words(ids, sp, cont)
     w = wid[wid >= 0]
     n_sel = torch.bincount(w, weights=sel[wid >= 0].double())
-    assert ((n_sel == 0) | (n_sel == torch.bincount(w))).all()     # whole words
+    assert ((n_sel == 0) | (n_sel == torch.bincount(w))).all()  # whole words
     pos = torch.arange(ids.shape[1]).expand_as(ids)
-    u = torch.unique(unit_ids[sel], return_inverse=True)[1]          # contiguous span numbers
+    u = torch.unique(unit_ids[sel], return_inverse=True)[1]  # contiguous span numbers
     n = int(u.max()) + 1
     lo = torch.full((n,), 10**9).scatter_reduce(0, u, pos[sel], "amin")
     hi = torch.full((n,), -1).scatter_reduce(0, u, pos[sel], "amax")
     cnt = torch.bincount(u, minlength=n)
-    assert torch.equal(hi - lo + 1, cnt)                             # contiguous => no [SEP] inside
+    assert torch.equal(hi - lo + 1, cnt)  # contiguous => no [SEP] inside
     row = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(ids)[sel]
-    assert torch.equal(torch.zeros(n, dtype=torch.long).scatter_reduce(0, u, row, "amax"),
-                       torch.full((n,), 10**9).scatter_reduce(0, u, row, "amin"))  # one row per span
+    assert torch.equal(
+        torch.zeros(n, dtype=torch.long).scatter_reduce(0, u, row, "amax"),
+        torch.full((n,), 10**9).scatter_reduce(0, u, row, "amin"),
+    )  # one row per span
 
 
 @pytest.mark.slow
@@ -261,7 +291,8 @@ def test_span_rates_real(rows, count):
 @pytest.mark.parametrize("generator", GENERATORS)
 def test_mask_tokens_is_mask_units(generator):
     ids = _batch()
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     for unit in ("token", "whole_word", "span"):
         cfg = MaskingConfig(unit=unit, generator=generator)
         a = mask_tokens(ids, cfg, SP, cont, torch.Generator().manual_seed(0))
@@ -274,16 +305,18 @@ def test_mask_rows_equals_per_row_mask_tokens():
     """generator numpy: mask_rows draws per row, selects per batch: row i is exactly mask_tokens(row i, its
     generator). (The counter generator has no generator per row; its rows are keyed alike: test_seed_determinism.)"""
     from study.data.masking import row_generator
+
     ids = _batch(b=12)
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     keys = [(7, i, 2) for i in range(12)]
     for unit in ("token", "whole_word", "span"):
         for count in ("exact", "bernoulli"):
             cfg = MaskingConfig(unit=unit, count=count, rate=0.3, generator="numpy")
             inp, lab = mask_rows(ids, cfg, SP, cont, keys)
             for i in (0, 5, 11):
-                a, b = mask_tokens(ids[i:i + 1], cfg, SP, cont, row_generator(keys[i]))
-                assert torch.equal(inp[i:i + 1], a) and torch.equal(lab[i:i + 1], b), (unit, count, i)
+                a, b = mask_tokens(ids[i : i + 1], cfg, SP, cont, row_generator(keys[i]))
+                assert torch.equal(inp[i : i + 1], a) and torch.equal(lab[i : i + 1], b), (unit, count, i)
     for generator in GENERATORS:
         empty = mask_rows(ids[:0], MaskingConfig(generator=generator), SP, cont, [])
         assert empty[0].shape == empty[1].shape == (0, ids.shape[1])
@@ -320,8 +353,13 @@ def test_counter_bits_equal_a_python_uint64_reference():
     """int64 torch arithmetic (wrapping products, masked shifts) gives SplitMix64's uint64 bits exactly."""
     # the first outputs of SplitMix64 seeded with 1234567 (the test vector of splitmix64.c)
     first = counter.bits(torch.tensor([1234567]), 0, torch.arange(1, 6))
-    assert _u64(first) == [6457827717110365317, 3203168211198807973, 9817491932198370423,
-                           4593380528125082431, 16408922859458223821]
+    assert _u64(first) == [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
     rng = np.random.default_rng(0)
     parts = [[0, 0, 0], [2**32 - 1, 2**40 + 3, 7], [-1, -(2**63), 2**63 - 1]]
     parts += rng.integers(-(2**63), 2**63 - 1, size=(200, 3), dtype=np.int64, endpoint=True).tolist()
@@ -338,18 +376,20 @@ def test_counter_bits_equal_a_python_uint64_reference():
 
 
 def test_counter_uniforms_look_uniform():
-    u = counter.uniform(counter.bits(counter.row_keys(torch.arange(4000).view(-1, 1)), counter.SCORE,
-                                     torch.arange(256)))
+    u = counter.uniform(
+        counter.bits(counter.row_keys(torch.arange(4000).view(-1, 1)), counter.SCORE, torch.arange(256))
+    )
     hist = torch.histc(u.float(), bins=16, min=0, max=1) / u.numel()
     assert (hist - 1 / 16).abs().max() < 0.002
-    assert abs(float(torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1])) < 0.03   # neighbours
+    assert abs(float(torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1])) < 0.03  # neighbours
     assert abs(float(torch.corrcoef(torch.stack([u[:-1, 0], u[1:, 0]]))[0, 1])) < 0.03  # neighbouring rows
 
 
 def _digest(generator: str) -> str:
     """The masks of every unit and count mode on a fixed batch, plus the reference masks."""
     ids = _batch(b=16)
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     h = hashlib.sha256()
     for unit in ("token", "whole_word", "span"):
         for count, cap in (("exact", None), ("bernoulli", None), ("exact", 9)):
@@ -374,7 +414,7 @@ def test_generator_is_in_the_run_hash():
     assert a.masking.generator == "counter" and a.semantic()["masking"]["generator"] == "counter"
     assert b.semantic()["masking"]["generator"] == "numpy"
     assert a.run_hash() != b.run_hash()
-    assert a.data_hash() == b.data_hash() and a.baseline_key() == b.baseline_key()   # masks only
+    assert a.data_hash() == b.data_hash() and a.baseline_key() == b.baseline_key()  # masks only
     assert RunConfig.model_validate(b.model_dump(mode="json")).run_hash() == b.run_hash()  # round trip
 
 
@@ -382,7 +422,8 @@ def test_generator_is_in_the_run_hash():
 def test_tensor_keys_and_the_rows_device(unit):
     """Keys may be a tensor on the rows' device (nothing leaves it); outputs are on the input's device."""
     ids = _batch(b=12)
-    cont = torch.zeros(1000, dtype=torch.bool); cont[600:900] = True
+    cont = torch.zeros(1000, dtype=torch.bool)
+    cont[600:900] = True
     keys = [(3, 1000 + i, 5) for i in range(12)]
     for generator in GENERATORS:
         cfg = MaskingConfig(unit=unit, generator=generator)
@@ -395,6 +436,10 @@ def test_tensor_keys_and_the_rows_device(unit):
 def test_counter_rows_differ_by_every_key_part():
     ids = _batch(b=4)
     base = mask_rows(ids, MaskingConfig(), SP, None, [(0, i, 0) for i in range(4)])[1]
-    for keys in ([(1, i, 0) for i in range(4)], [(0, i + 4, 0) for i in range(4)], [(0, i, 1) for i in range(4)]):
+    for keys in (
+        [(1, i, 0) for i in range(4)],
+        [(0, i + 4, 0) for i in range(4)],
+        [(0, i, 1) for i in range(4)],
+    ):
         other = mask_rows(ids, MaskingConfig(), SP, None, keys)[1]
         assert all(not torch.equal(base[r], other[r]) for r in range(4))

@@ -1,5 +1,6 @@
 """study/metrics.py (metric names, "TASK/MODE/METRIC" specs, the trials table's columns) and the one
 error policy every reader of a run folder applies (study/rundir.py), seen from each reader."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,17 @@ import pandas as pd
 import pytest
 
 from study.errors import StudyError
-from study.metrics import (COST_METRICS, MODES, PRETRAIN, PRETRAIN_METRICS, Metric, format_metric, param_column,
-                           param_columns, parse_metric)
+from study.metrics import (
+    COST_METRICS,
+    MODES,
+    PRETRAIN,
+    PRETRAIN_METRICS,
+    Metric,
+    format_metric,
+    param_column,
+    param_columns,
+    parse_metric,
+)
 from study.paths import Layout
 
 TASKS = {"SST-2": ("accuracy",), "MRPC": ("accuracy", "f1")}
@@ -17,22 +27,28 @@ TASKS = {"SST-2": ("accuracy",), "MRPC": ("accuracy", "f1")}
 
 def test_parse_and_format_round_trip():
     assert parse_metric("SST-2/finetune/accuracy") == Metric("SST-2", "finetune", "accuracy")
-    assert parse_metric("ref_ppl") == Metric(PRETRAIN, PRETRAIN, "ref_ppl") and parse_metric("ref_ppl").is_pretrain
-    assert parse_metric(None) == Metric(PRETRAIN, PRETRAIN, "ref_ppl")      # a report without a primary metric
-    assert parse_metric("tokens_per_s").name == "tokens_per_s"              # cost metrics are tidy rows too
+    assert (
+        parse_metric("ref_ppl") == Metric(PRETRAIN, PRETRAIN, "ref_ppl")
+        and parse_metric("ref_ppl").is_pretrain
+    )
+    assert parse_metric(None) == Metric(PRETRAIN, PRETRAIN, "ref_ppl")  # a report without a primary metric
+    assert parse_metric("tokens_per_s").name == "tokens_per_s"  # cost metrics are tidy rows too
     for spec in ("ref_mlm_loss", "MRPC/probe/f1"):
         assert format_metric(*parse_metric(spec)) == str(parse_metric(spec)) == spec
     assert set(MODES) == {"finetune", "probe"} and not set(PRETRAIN_METRICS) & set(COST_METRICS)
 
 
-@pytest.mark.parametrize("spec, words, allowed", [
-    ("ref_mlm_los", "unknown metric 'ref_mlm_los'", "ref_mlm_loss"),
-    ("SST-2/accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
-    ("SST-2//accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
-    ("SST-2/train/accuracy", "unknown mode 'train'", "finetune, probe"),
-    ("XYZ/finetune/accuracy", "unknown task 'XYZ'", "SST-2, MRPC"),
-    ("SST-2/finetune/f1", "SST-2 does not report 'f1'", "accuracy"),
-])
+@pytest.mark.parametrize(
+    "spec, words, allowed",
+    [
+        ("ref_mlm_los", "unknown metric 'ref_mlm_los'", "ref_mlm_loss"),
+        ("SST-2/accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
+        ("SST-2//accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
+        ("SST-2/train/accuracy", "unknown mode 'train'", "finetune, probe"),
+        ("XYZ/finetune/accuracy", "unknown task 'XYZ'", "SST-2, MRPC"),
+        ("SST-2/finetune/f1", "SST-2 does not report 'f1'", "accuracy"),
+    ],
+)
 def test_bad_specs_name_the_field_and_what_is_allowed(spec, words, allowed):
     with pytest.raises(StudyError) as ei:
         parse_metric(spec, field="search.objective", source="s.yaml", tasks=TASKS)
@@ -58,17 +74,23 @@ def test_every_reader_sees_a_damaged_run_folder_the_same_way(tmp_path):
     from study.report.aggregate import collect
     from study.rundir import RunDir
     from study.studies.spec import load_study
+
     layout = Layout(root=tmp_path / "results")
     spec = tmp_path / "s.yaml"
     spec.write_text("name: t\ndefaults:\n  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64}\n")
     run = load_study(spec).runs[0]
     rd = RunDir(layout, run.run_hash)
     rd.path.mkdir(parents=True)
-    rd.status_path.write_text('{"status": "do')                       # damaged
-    rd.history_path.write_text(json.dumps({"step": 1, "tokens": 8, "loss": 5.0, "lr": 1e-3}) + "\n"
-                               + '{"step": 2, "los')                   # cut by a kill
+    rd.status_path.write_text('{"status": "do')  # damaged
+    rd.history_path.write_text(
+        json.dumps({"step": 1, "tokens": 8, "loss": 5.0, "lr": 1e-3}) + "\n" + '{"step": 2, "los'
+    )  # cut by a kill
     assert run.status(layout) == "pending"
-    plan = {"name": "t", "finetune_hash": "ft", "runs": [{"run_hash": run.run_hash, "label": "base", "seed": 0}]}
+    plan = {
+        "name": "t",
+        "finetune_hash": "ft",
+        "runs": [{"run_hash": run.run_hash, "label": "base", "seed": 0}],
+    }
     c = collect(plan, layout)
     assert list(c["runs"]["status"]) == ["pending"] and c["tidy"].empty
     assert c["curves"][["step", "loss"]].to_dict("records") == [{"step": 1, "loss": 5.0}]
@@ -79,6 +101,7 @@ def test_every_reader_sees_a_damaged_run_folder_the_same_way(tmp_path):
     # a done run whose metrics.json (or meta.json) was cut: read as empty by every reader, with a warning,
     # so the aggregate goes on (before: a JSONDecodeError stopped it), and the trainer would train it again
     from study.pretrain.trainer import finished_metrics
+
     rd.write_status("done", None, 10)
     rd.metrics_path.write_text('{"ref_mlm_acc": 0.2')
     rd.meta_path.write_bytes(b"\xff\xfe not json")

@@ -1,4 +1,5 @@
 """The model's speed settings are loss-neutral, and its checkpoint is a standard HF one."""
+
 from __future__ import annotations
 
 import os
@@ -10,11 +11,18 @@ import torch
 
 from study.config import ImplConfig, ModelConfig, RunConfig
 from study.errors import StudyError
-from study.model.bert import bits_dropout, build_model, model_flops_per_token, pretraining_loss, use_bits_dropout
+from study.model.bert import (
+    bits_dropout,
+    build_model,
+    model_flops_per_token,
+    pretraining_loss,
+    use_bits_dropout,
+)
 
 VOCAB, B, L = 300, 4, 32
-CFG = ModelConfig(layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0,
-                  max_positions=64)
+CFG = ModelConfig(
+    layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0, max_positions=64
+)
 
 
 def batch(seed: int = 0):
@@ -25,8 +33,13 @@ def batch(seed: int = 0):
     sel[:, 3] = True  # every row predicts at least one token
     labels[sel] = ids[sel]
     inputs = ids.masked_fill(sel, 4)
-    return dict(input_ids=inputs, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                labels=labels, sentence_label=torch.randint(0, 2, (B,), generator=g))
+    return dict(
+        input_ids=inputs,
+        attention_mask=torch.ones_like(ids),
+        token_type_ids=torch.zeros_like(ids),
+        labels=labels,
+        sentence_label=torch.randint(0, 2, (B,), generator=g),
+    )
 
 
 def grads(model):
@@ -61,6 +74,7 @@ def test_chunked_mlm_loss_equals_torch_loss_and_grads(arch, monkeypatch):
     rounding, with and without the sentence task, for both encoder layouts; chunks of 5 rows so the batch's
     rows span several chunks and end in a partial one."""
     from study.model import xent
+
     monkeypatch.setattr(xent, "CHUNK", 5)
     cfg = CFG.model_copy(update={"arch": arch})
     model = build_model(cfg, VOCAB, True, ImplConfig(), seed=6)
@@ -99,6 +113,7 @@ def test_decoder_input_is_the_heads_own_forward_up_to_the_projection(arch):
     """The chunked loss re-computes the MLM head up to its decoder (study.model.bert.decoder_input): it must
     be transformers' own head, bitwise, or a transformers release that changes the head would go unnoticed."""
     from study.model.bert import decoder_input
+
     model = build_model(CFG.model_copy(update={"arch": arch}), VOCAB, True, ImplConfig(), seed=7)
     p = model.cls.predictions
     x = torch.randn(9, CFG.hidden)
@@ -107,6 +122,7 @@ def test_decoder_input_is_the_heads_own_forward_up_to_the_projection(arch):
 
 def test_mlm_loss_auto_is_chunked_on_a_cpu_in_fp32_only():
     from study.runtime import resolve, resolve_mlm_loss
+
     cpu = torch.device("cpu")
     assert resolve(ImplConfig(device="cpu")).chunked_mlm is True
     assert resolve(ImplConfig(device="cpu", mlm_loss="torch")).chunked_mlm is False
@@ -200,9 +216,18 @@ def test_checkpoint_is_standard_hf(tmp_path):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
     tok_core = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok_core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = BertTokenizerFast(tokenizer_object=tok_core, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
-                            cls_token="[CLS]", mask_token="[MASK]", do_lower_case=False)
-    m = use_bits_dropout(build_model(CFG, VOCAB, True, ImplConfig(), seed=4))  # as the trainer saves it on CPU
+    tok = BertTokenizerFast(
+        tokenizer_object=tok_core,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        do_lower_case=False,
+    )
+    m = use_bits_dropout(
+        build_model(CFG, VOCAB, True, ImplConfig(), seed=4)
+    )  # as the trainer saves it on CPU
     m.save_pretrained(tmp_path)
     assert "bits" not in (tmp_path / "config.json").read_text()  # no custom attention name is written
     tok.save_pretrained(tmp_path)
@@ -235,11 +260,17 @@ def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
     """ref_mode_acc is what a collapsed model (the same token everywhere) scores; a run must beat it to
     have learned anything else. Forced here through the MLM decoder bias, for the mode and another token."""
     from study.pretrain.evaluate import EvalSet, evaluate, mode_accuracy
+
     b = batch()
-    b["labels"][0, :6] = 7                       # make token 7 the clear mode of the asked tokens
+    b["labels"][0, :6] = 7  # make token 7 the clear mode of the asked tokens
     b["input_ids"][0, :6] = 4
-    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
-                 token_type_ids=b["token_type_ids"], sentence_label=None)
+    es = EvalSet(
+        input_ids=b["input_ids"],
+        labels=b["labels"],
+        attention_mask=b["attention_mask"],
+        token_type_ids=b["token_type_ids"],
+        sentence_label=None,
+    )
     asked = b["labels"][b["labels"] != -100]
     floor = mode_accuracy(es)
     assert floor == pytest.approx((asked == 7).float().mean().item()) and floor > 1 / VOCAB
@@ -247,7 +278,7 @@ def test_a_model_that_predicts_one_token_scores_exactly_the_mode_floor():
     for token, expected in ((7, floor), (9, (asked == 9).float().mean().item())):
         with torch.no_grad():
             m.cls.predictions.bias.zero_()
-            m.cls.predictions.bias[token] = 1e4      # every position -> `token`
+            m.cls.predictions.bias[token] = 1e4  # every position -> `token`
         r = evaluate(m, es, None, torch.device("cpu"))
         assert r["ref_mode_acc"] == pytest.approx(floor)
         assert r["ref_mlm_acc"] == pytest.approx(expected)
@@ -258,26 +289,33 @@ def test_mask_position_accuracy_counts_only_positions_that_show_mask():
     predicts one token everywhere gets that token's share among them, whatever the kept positions hold;
     sparse and full heads agree."""
     from study.pretrain.evaluate import EvalSet, evaluate
+
     b = batch()
     mask_id = 3
     asked = b["labels"] != -100
     shown = asked.clone()
-    shown[0] = False                              # row 0: the asked tokens shown unchanged (kept)
+    shown[0] = False  # row 0: the asked tokens shown unchanged (kept)
     b["input_ids"][shown] = mask_id
     b["input_ids"][0][asked[0]] = b["labels"][0][asked[0]]
-    b["labels"][1][asked[1]] = 7                  # token 7 is the answer at every [MASK] of row 1
-    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
-                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=mask_id)
+    b["labels"][1][asked[1]] = 7  # token 7 is the answer at every [MASK] of row 1
+    es = EvalSet(
+        input_ids=b["input_ids"],
+        labels=b["labels"],
+        attention_mask=b["attention_mask"],
+        token_type_ids=b["token_type_ids"],
+        sentence_label=None,
+        mask_id=mask_id,
+    )
     at_mask = b["labels"][shown]
     m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
     with torch.no_grad():
         m.cls.predictions.bias.zero_()
-        m.cls.predictions.bias[7] = 1e4           # every position -> 7
+        m.cls.predictions.bias[7] = 1e4  # every position -> 7
     for sparse in (True, False):
         r = evaluate(m, es, None, torch.device("cpu"), sparse=sparse)
         assert r["ref_mask_count"] == int(shown.sum()) > 0
         assert r["ref_mask_acc"] == pytest.approx((at_mask == 7).float().mean().item())
-        assert r["ref_mask_mode_acc"] == pytest.approx(r["ref_mask_acc"])   # 7 is the mode there
+        assert r["ref_mask_mode_acc"] == pytest.approx(r["ref_mask_acc"])  # 7 is the mode there
         assert r["ref_mlm_acc"] == pytest.approx((b["labels"][asked] == 7).float().mean().item())
 
 
@@ -286,33 +324,40 @@ def test_reference_accuracy_by_what_the_position_shows():
     token itself, another token: a random draw that hit the original counts as kept) and partition them;
     a model that predicts one token everywhere gets that token's share in each, sparse and full heads alike."""
     from study.pretrain.evaluate import EvalSet, evaluate, shown_as
+
     b = batch(3)
-    mask_id = 4                                   # batch() shows every asked position as 4
+    mask_id = 4  # batch() shows every asked position as 4
     asked = b["labels"] != -100
     rows = asked.nonzero()
-    kept, rnd = rows[0::3], rows[1::3]            # a third kept, a third another token, a third [MASK]
+    kept, rnd = rows[0::3], rows[1::3]  # a third kept, a third another token, a third [MASK]
     b["input_ids"][kept[:, 0], kept[:, 1]] = b["labels"][kept[:, 0], kept[:, 1]]
     other = b["labels"][rnd[:, 0], rnd[:, 1]] % (VOCAB - 6) + 5
     other[0] = b["labels"][rnd[0, 0], rnd[0, 1]]  # a "random" draw that hit the original: kept
     b["input_ids"][rnd[:, 0], rnd[:, 1]] = other
-    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
-                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=mask_id)
+    es = EvalSet(
+        input_ids=b["input_ids"],
+        labels=b["labels"],
+        attention_mask=b["attention_mask"],
+        token_type_ids=b["token_type_ids"],
+        sentence_label=None,
+        mask_id=mask_id,
+    )
     sel = shown_as(b["input_ids"], b["labels"], mask_id)
     assert sum(int(v.sum()) for v in sel.values()) == int(asked.sum())
     assert int(sel["keep"].sum()) == len(kept) + 1 and int(sel["rnd"].sum()) == len(rnd) - 1
     assert not (sel["mask"] & sel["keep"]).any() and not (sel["keep"] & sel["rnd"]).any()
     labels = b["labels"][asked]
-    t = int(torch.mode(labels[sel["rnd"]]).values)   # the most frequent answer among the random ones
+    t = int(torch.mode(labels[sel["rnd"]]).values)  # the most frequent answer among the random ones
     m = build_model(CFG, VOCAB, True, ImplConfig(), seed=1)
     with torch.no_grad():
         m.cls.predictions.bias.zero_()
-        m.cls.predictions.bias[t] = 1e4           # every position -> t
+        m.cls.predictions.bias[t] = 1e4  # every position -> t
     for sparse in (True, False):
         r = evaluate(m, es, None, torch.device("cpu"), sparse=sparse)
         for k in ("mask", "keep", "rnd"):
             assert r[f"ref_{k}_count"] == int(sel[k].sum())
             assert r[f"ref_{k}_acc"] == pytest.approx((labels[sel[k]] == t).float().mean().item())
-        assert r["ref_rnd_mode_acc"] == pytest.approx(r["ref_rnd_acc"])    # t is the mode there
+        assert r["ref_rnd_mode_acc"] == pytest.approx(r["ref_rnd_acc"])  # t is the mode there
         total = sum(r[f"ref_{k}_acc"] * r[f"ref_{k}_count"] for k in ("mask", "keep", "rnd"))
         assert total == pytest.approx(r["ref_mlm_acc"] * r["ref_masked"])
 
@@ -322,19 +367,40 @@ def test_the_plateau_test_uses_mask_positions_when_the_run_has_them():
     against a 5.5% floor) passed the old test and fails the new one; a run scored before ref_mask_acc
     existed keeps the old test."""
     from study.report.aggregate import learned
+
     old = {"ref_mlm_acc": 0.146, "ref_mode_acc": 0.0543, "ref_masked": 4711}
     assert learned(old) is True
-    assert learned({**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is False
+    assert (
+        learned({**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is False
+    )
     assert learned({**old, "ref_mask_acc": 0.20, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}) is True
     # the positions shown as another token count too: only context answers there (the plateau run copied
     # them to 3.7% against a ~5.5% floor), and a run trained without [MASK] never saw what [MASK] shows
     plateau = {**old, "ref_mask_acc": 0.0584, "ref_mask_mode_acc": 0.0552, "ref_mask_count": 3717}
     se = (0.055 * 0.945 / 465) ** 0.5
-    assert learned({**plateau, "ref_rnd_acc": 0.037, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is False
-    assert learned({**plateau, "ref_rnd_acc": 0.055 + 2.9 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is False
-    assert learned({**plateau, "ref_rnd_acc": 0.055 + 3.1 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is True
-    assert learned({**plateau, "ref_mask_acc": 0.20, "ref_rnd_acc": 0.01, "ref_rnd_mode_acc": 0.055,
-                    "ref_rnd_count": 465}) is True
+    assert (
+        learned({**plateau, "ref_rnd_acc": 0.037, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465}) is False
+    )
+    assert (
+        learned({**plateau, "ref_rnd_acc": 0.055 + 2.9 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465})
+        is False
+    )
+    assert (
+        learned({**plateau, "ref_rnd_acc": 0.055 + 3.1 * se, "ref_rnd_mode_acc": 0.055, "ref_rnd_count": 465})
+        is True
+    )
+    assert (
+        learned(
+            {
+                **plateau,
+                "ref_mask_acc": 0.20,
+                "ref_rnd_acc": 0.01,
+                "ref_rnd_mode_acc": 0.055,
+                "ref_rnd_count": 465,
+            }
+        )
+        is True
+    )
 
 
 # --------------------------------------------------------------------------- bits dropout (impl.dropout_masks)
@@ -360,16 +426,18 @@ def test_bits_dropout_masks_are_bernoulli_and_seeded():
     keep = bits_dropout(torch.ones(n), p) != 0
     se = (p * (1 - p) / n) ** 0.5
     assert abs(keep.float().mean().item() - (1 - p)) < 4 * se
-    k = keep.float() - (1 - p)   # neighbours (the two halves of one 64-bit word, and across words) uncorrelated
+    k = keep.float() - (
+        1 - p
+    )  # neighbours (the two halves of one 64-bit word, and across words) uncorrelated
     for lag in (1, 2, 3):
         corr = (k[:-lag] * k[lag:]).mean().item() / (p * (1 - p))
-        assert abs(corr) < 4 / n ** 0.5, (lag, corr)
+        assert abs(corr) < 4 / n**0.5, (lag, corr)
     torch.manual_seed(0)
-    assert torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)          # the default generator's seed decides
-    assert not torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)      # and the stream moves on
+    assert torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)  # the default generator's seed decides
+    assert not torch.equal(bits_dropout(torch.ones(n), p) != 0, keep)  # and the stream moves on
 
 
-@pytest.mark.parametrize("p", [1e-9, 1e-10, 1e-12, 2.0 ** -40])
+@pytest.mark.parametrize("p", [1e-9, 1e-10, 1e-12, 2.0**-40])
 def test_bits_dropout_keeps_almost_everything_at_a_tiny_p(p):
     """Below 2^-33, 1-p rounded to 2^32 and the keep threshold wrapped to int32's minimum: every element
     was dropped (kept fraction 0.0 at p = 1e-10)."""
@@ -423,7 +491,7 @@ def test_one_param_group_rule_partitions_every_model_as_both_old_rules(sentence_
     from study.downstream.classifier import Classifier
     from study.runtime import param_groups
 
-    for cfg in (CFG, ModelConfig()):   # a test-sized model and the default architecture
+    for cfg in (CFG, ModelConfig()):  # a test-sized model and the default architecture
         model = build_model(cfg, VOCAB, sentence_head, ImplConfig(), seed=0)
         if bits:
             use_bits_dropout(model)
@@ -444,6 +512,7 @@ def test_bf16_on_a_cpu_without_bf16_hardware_is_warned_once(monkeypatch):
     import warnings
 
     from study import runtime
+
     cpu = torch.device("cpu")
     for has, expect in ((True, 0), (None, 0), (False, 1)):
         monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: has)
@@ -472,12 +541,12 @@ def test_runtime_device_precision_and_threads(monkeypatch):
     assert resolve_device("auto") == cpu
     rt = resolve(ImplConfig(precision="bf16"))
     assert (rt.device, rt.dtype, rt.precision) == (cpu, torch.bfloat16, "bf16")
-    for name in ("cuda", "mps"):   # an explicit device this machine lacks names impl.device
+    for name in ("cuda", "mps"):  # an explicit device this machine lacks names impl.device
         with pytest.raises(StudyError) as err:
             resolve_device(name, Dist())
         assert err.value.field == "impl.device" and err.value.allowed == "auto, cpu"
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    assert resolve_device("auto") == torch.device("mps")   # fine-tuning too picks MPS now (one rule)
+    assert resolve_device("auto") == torch.device("mps")  # fine-tuning too picks MPS now (one rule)
     before = torch.get_num_threads()
     with threads(1):
         assert torch.get_num_threads() == 1
@@ -507,22 +576,32 @@ def test_reference_spread_measures_how_much_the_encoder_output_varies_between_as
     positions, the same with sparse and full heads; an encoder that sends one vector everywhere (the collapse
     of the replacement study's SAME-0 runs, docs/RESULTS.md) scores 0."""
     from study.pretrain.evaluate import EvalSet, evaluate, spread
+
     b = batch(5)
-    es = EvalSet(input_ids=b["input_ids"], labels=b["labels"], attention_mask=b["attention_mask"],
-                 token_type_ids=b["token_type_ids"], sentence_label=None, mask_id=4)
+    es = EvalSet(
+        input_ids=b["input_ids"],
+        labels=b["labels"],
+        attention_mask=b["attention_mask"],
+        token_type_ids=b["token_type_ids"],
+        sentence_label=None,
+        mask_id=4,
+    )
     m = build_model(CFG, VOCAB, True, ImplConfig(), seed=2).eval()
     with torch.no_grad():
-        h = m.bert(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                   token_type_ids=b["token_type_ids"])[0][b["labels"] != -100].double()
+        h = m.bert(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], token_type_ids=b["token_type_ids"]
+        )[0][b["labels"] != -100].double()
     want = (1 - h.mean(0).square().sum() / h.square().sum(1).mean()).sqrt().item()
     assert 0.3 < want < 1
     for sparse in (True, False):
-        assert evaluate(m, es, None, torch.device("cpu"), sparse=sparse)["ref_spread"] == pytest.approx(want, rel=1e-6)
+        assert evaluate(m, es, None, torch.device("cpu"), sparse=sparse)["ref_spread"] == pytest.approx(
+            want, rel=1e-6
+        )
     last = m.bert.encoder.layer[-1].output.LayerNorm
-    with torch.no_grad():   # the last LayerNorm's gain 0: every position's output is its bias
+    with torch.no_grad():  # the last LayerNorm's gain 0: every position's output is its bias
         last.weight.zero_()
         last.bias.copy_(torch.randn(CFG.hidden, generator=torch.Generator().manual_seed(0)))
     assert evaluate(m, es, None, torch.device("cpu"))["ref_spread"] == pytest.approx(0, abs=1e-6)
     v = torch.ones(3, dtype=torch.float64)
-    assert spread(None, 0.0, 0) != spread(None, 0.0, 0)             # nothing asked: nan
-    assert spread(v - v, 6.0, 2) == pytest.approx(1.0)               # h and -h: no common part
+    assert spread(None, 0.0, 0) != spread(None, 0.0, 0)  # nothing asked: nan
+    assert spread(v - v, 6.0, 2) == pytest.approx(1.0)  # h and -h: no common part

@@ -11,6 +11,7 @@
 - the generated pipeline's shape (fast): one stage per study whose DVC entries do not grow with its runs,
   each depending on its own study only; the stamp (`study sync --stamp`) and its staleness check.
 """
+
 from __future__ import annotations
 
 import csv
@@ -54,16 +55,20 @@ report:
   compare: {{factor: objective.sentence, a: nsp, b: none}}
 """
 
-WORDS = ("the cat dog sat on mat a bird flew over tree river ran fast slow red blue green house "
-         "man woman child saw big small old new good bad day night sun moon").split()
+WORDS = (
+    "the cat dog sat on mat a bird flew over tree river ran fast slow red blue green house "
+    "man woman child saw big small old new good bad day night sun moon"
+).split()
 
 
 def _corpus(path: Path) -> None:
     rng = random.Random(0)
     docs = []
     for _ in range(40):
-        sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "."
-                 for _ in range(rng.randint(4, 8))]
+        sents = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "."
+            for _ in range(rng.randint(4, 8))
+        ]
         docs.append(" ".join(sents))
     path.mkdir()
     (path / "docs.txt").write_text("\n\n".join(docs) + "\n")
@@ -82,10 +87,18 @@ def _glue(path: Path) -> None:
 
 
 def _env(trace: Path | None = None) -> dict:
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1",
-           **({"STUDY_TRACE": str(trace)} if trace else {}),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        **({"STUDY_TRACE": str(trace)} if trace else {}),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     return env
 
 
@@ -124,7 +137,9 @@ def project(tmp_path: Path) -> Path:
     _corpus(root / "corpus")
     _glue(root / "glue")
     # metrics and plots are `cache: false` outputs: git carries them, as in the main repository
-    (root / ".gitignore").write_text("/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n")
+    (root / ".gitignore").write_text(
+        "/results/*\n!/results/metrics/\n!/results/plots/\n/reports/*\n__pycache__/\n"
+    )
     sh(root, "git", "init", "-q")
     sh(root, "dvc", "init", "-q")
     sh(root, "dvc", "config", "core.analytics", "false")
@@ -140,12 +155,16 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     out = sh(project, "dvc", "repro")
     assert len(trained(out)) == 2, out
     # progress under DVC: one line per finished run and fine-tune, passed through from the stage's stderr
-    assert len(re.findall(r"^pretrain [12]/2 [0-9a-f]{12} done in \d+ s, ref acc [0-9.]+%", out, re.M)) == 2, out
+    assert (
+        len(re.findall(r"^pretrain [12]/2 [0-9a-f]{12} done in \d+ s, ref acc [0-9.]+%", out, re.M)) == 2
+    ), out
     assert len(re.findall(r"^finetune [0-9a-f]{12} .*done in \d+ s: SST-2 finetune", out, re.M)) == 2, out
     assert "Data and pipelines are up to date." in sh(project, "dvc", "status")
     report = project / "reports" / "tiny" / "index.html"
     assert report.exists() and "does NSP help a tiny model?" in report.read_text()
-    status = {p.parent.name: p.stat().st_mtime_ns for p in (project / "results" / "runs").glob("*/status.json")}
+    status = {
+        p.parent.name: p.stat().st_mtime_ns for p in (project / "results" / "runs").glob("*/status.json")
+    }
     assert len(status) == 2
     manifest = json.loads((project / "pipeline" / "study-tiny.json").read_text())
     assert {h: r["status"] for h, r in manifest["runs"].items()} == dict.fromkeys(status, "done")
@@ -153,21 +172,33 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     assert len(manifest["finetune"]) == 3 and all(f["files"] for f in manifest["finetune"].values())
     plot = (project / "results" / "plots" / "study-tiny.csv").read_text().splitlines()  # a column per run
     assert plot[0] == "step,objective.sentence=none:seed0,objective.sentence=nsp:seed0", plot
-    assert len(plot) == len((project / "results" / "plots" / f"{next(iter(status))}.csv").read_text().splitlines())
+    assert len(plot) == len(
+        (project / "results" / "plots" / f"{next(iter(status))}.csv").read_text().splitlines()
+    )
 
     # a second repro trains nothing
     out = sh(project, "dvc", "repro")
     assert not stages_run(out), out
-    assert {p.parent.name: p.stat().st_mtime_ns
-            for p in (project / "results" / "runs").glob("*/status.json")} == status
+    assert {
+        p.parent.name: p.stat().st_mtime_ns for p in (project / "results" / "runs").glob("*/status.json")
+    } == status
 
     # a run from before a metrics field existed is re-scored, not retrained: `study rescore`, then
     # `dvc repro -f -s study-tiny` re-aggregates (run folders are the harness's cache, not DVC outputs)
     m_file = sorted((project / "results" / "runs").glob("*/metrics.json"))[0]
     m = json.loads(m_file.read_text())
     floor = m.pop("ref_mode_acc")
-    newer = ("ref_mask_acc", "ref_mask_mode_acc", "ref_mask_count", "ref_keep_acc", "ref_keep_count", "ref_rnd_acc",
-             "ref_rnd_mode_acc", "ref_rnd_count", "ref_spread")   # newer still
+    newer = (
+        "ref_mask_acc",
+        "ref_mask_mode_acc",
+        "ref_mask_count",
+        "ref_keep_acc",
+        "ref_keep_count",
+        "ref_rnd_acc",
+        "ref_rnd_mode_acc",
+        "ref_rnd_count",
+        "ref_spread",
+    )  # newer still
     for key in newer:
         m.pop(key)
     m_file.write_text(json.dumps(m))
@@ -201,7 +232,9 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
     before = set((project / "results" / "finetune").rglob("*.json"))
     out = sh(project, "dvc", "exp", "run", "-S", "ablations/tiny.yaml:defaults.finetune.epochs=2")
     assert stages_run(out) == {"study-tiny"} and not trained(out), out
-    assert len(set((project / "results" / "finetune").rglob("*.json")) - before) == 4, out  # 3 runs + baseline
+    assert len(set((project / "results" / "finetune").rglob("*.json")) - before) == 4, (
+        out
+    )  # 3 runs + baseline
     sh(project, "git", "add", "-A")
     sh(project, "git", "commit", "-qm", "epochs 2")
 
@@ -221,8 +254,12 @@ def test_repro_is_incremental_and_shareable(project: Path, tmp_path: Path):
 
 
 # A second study of its own shape (width 16: its own runs and random-init baseline), on the same data.
-OTHER = SPEC.replace("name: tiny", "name: other").replace("hidden: 32", "hidden: 16").replace(
-    "intermediate: 64", "intermediate: 32").format(levels="nsp, none")
+OTHER = (
+    SPEC.replace("name: tiny", "name: other")
+    .replace("hidden: 32", "hidden: 16")
+    .replace("intermediate: 64", "intermediate: 32")
+    .format(levels="nsp, none")
+)
 
 
 def _stages(project: Path) -> set[str]:
@@ -231,7 +268,9 @@ def _stages(project: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_selection_adds_and_removes_a_study(project: Path):
-    assert (project / "params.yaml").read_text().rstrip().endswith("studies:\n- tiny")  # sync made it explicit
+    assert (
+        (project / "params.yaml").read_text().rstrip().endswith("studies:\n- tiny")
+    )  # sync made it explicit
     sh(project, "dvc", "repro")
     (project / "ablations" / "other.yaml").write_text(OTHER)
     before = _stages(project)
@@ -252,7 +291,11 @@ def test_selection_adds_and_removes_a_study(project: Path):
 
     sh(project, "study", "deselect", "other")
     assert _stages(project) == before
-    for kept in ("results/studies/other", "reports/other/index.html", *(f"results/runs/{h}" for h in trained(out))):
+    for kept in (
+        "results/studies/other",
+        "reports/other/index.html",
+        *(f"results/runs/{h}" for h in trained(out)),
+    ):
         assert (project / kept).exists(), kept  # deselecting removes stages, never results
     out = sh(project, "dvc", "repro")
     assert not stages_run(out), out
@@ -293,12 +336,16 @@ def test_each_study_stage_depends_on_its_own_work_only(tmp_path: Path):
     doc = runs_document(abl, [("a", None), ("b", None)])
     stages = pipeline_document(doc)["stages"]
     assert set(doc["studies"]["b"]["runs"]) < set(doc["studies"]["a"]["runs"])  # b shares a's `none` run
-    assert set(doc["studies"]["b"]["baselines"]) == set(doc["studies"]["a"]["baselines"])  # ... and its baseline
+    assert set(doc["studies"]["b"]["baselines"]) == set(
+        doc["studies"]["a"]["baselines"]
+    )  # ... and its baseline
     for me, other in (("a", "b"), ("b", "a")):
         st = stages[f"study-{me}"]
         # its own spec, recipe and outputs only: no other study's spec, manifest, aggregate or report
         paths = [*st["deps"], *_outs({"x": st})]
-        assert not [p for p in paths if p.endswith((f"/{other}", f"/{other}.yaml", f"study-{other}.json"))], st
+        assert not [p for p in paths if p.endswith((f"/{other}", f"/{other}.yaml", f"study-{other}.json"))], (
+            st
+        )
         assert f"{other}.yaml" not in st["cmd"] and f"study-{other}" not in st["cmd"], st["cmd"]
         assert st["cmd"].count(f"study finetune ablations/{me}.yaml") == 1, st["cmd"]
     outs = _outs(stages)
@@ -310,8 +357,10 @@ def test_each_study_stage_depends_on_its_own_work_only(tmp_path: Path):
     # a spec's base files are dependencies of its stage (paths like the spec's)
     (abl / "base").mkdir()
     (abl / "base" / "common.yaml").write_text("name: common\nquestion: q\ndefaults: {train: {amount: 7}}\n")
-    (abl / "d.yaml").write_text("name: d\nquestion: q\nbase: base/common.yaml\n"
-                                "defaults: {corpus: {sources: [embedded]}, finetune: {tasks: [SST-2]}}\nseeds: [0]\n")
+    (abl / "d.yaml").write_text(
+        "name: d\nquestion: q\nbase: base/common.yaml\n"
+        "defaults: {corpus: {sources: [embedded]}, finetune: {tasks: [SST-2]}}\nseeds: [0]\n"
+    )
     deps = pipeline_document(runs_document(abl, [("d", None)]))["stages"]["study-d"]["deps"]
     assert deps[:2] == ["ablations/d.yaml", "ablations/base/common.yaml"], deps
 
@@ -321,21 +370,40 @@ def test_no_op_cost_does_not_grow_with_a_studys_runs(tmp_path: Path):
     per study with the same few entries whatever its number of runs; no run or fine-tune folder is a DVC
     dependency or output; the code folders are hashed by one stage, not by every study's."""
     abl, _ = _two_studies(tmp_path)
-    (abl / "c.yaml").write_text(SHARED.format(name="c", lr=2e-3, levels="").replace(
-        "objective.sentence: []", "train.amount: [6, 7, 8, 9, 10]").replace("seeds: [0]", "seeds: [0, 1, 2]"))
+    (abl / "c.yaml").write_text(
+        SHARED.format(name="c", lr=2e-3, levels="")
+        .replace("objective.sentence: []", "train.amount: [6, 7, 8, 9, 10]")
+        .replace("seeds: [0]", "seeds: [0, 1, 2]")
+    )
     doc = runs_document(abl, [("a", None), ("b", None), ("c", None)])
     assert [len(doc["studies"][n]["runs"]) for n in "abc"] == [2, 1, 15]
     pipe = pipeline_document(doc)
     stages = pipe["stages"]
-    assert set(stages) == {"code-study", *(f"data-{dh}" for dh in doc["data"]), "study-a", "study-b", "study-c"}
-    shape = {n: (len(stages[f"study-{n}"]["deps"]), len(stages[f"study-{n}"]["outs"]), len(stages[f"study-{n}"]["cmd"]))
-             for n in "abc"}
+    assert set(stages) == {
+        "code-study",
+        *(f"data-{dh}" for dh in doc["data"]),
+        "study-a",
+        "study-b",
+        "study-c",
+    }
+    shape = {
+        n: (
+            len(stages[f"study-{n}"]["deps"]),
+            len(stages[f"study-{n}"]["outs"]),
+            len(stages[f"study-{n}"]["cmd"]),
+        )
+        for n in "abc"
+    }
     assert len({s[:2] for s in shape.values()}) == 1 and shape["c"][2] < shape["a"][2] + 20, shape
     paths = [*_outs(stages), *(d for st in stages.values() for d in st.get("deps", []))]
     assert not [p for p in paths if p.startswith(("results/runs", "results/finetune"))], paths
     code = [p for st in stages.values() for p in st.get("deps", []) if p.startswith("study/")]
-    assert sorted(code) == sorted([*stages["code-study"]["deps"], *(d for n, st in stages.items()
-                                                                     if n.startswith("data-") for d in st["deps"])])
+    assert sorted(code) == sorted(
+        [
+            *stages["code-study"]["deps"],
+            *(d for n, st in stages.items() if n.startswith("data-") for d in st["deps"]),
+        ]
+    )
     assert pipe["metrics"] == [f"results/metrics/study-{n}.json" for n in "abc"]
 
 
@@ -345,7 +413,9 @@ def _run_folder(results: Path, run_hash: str, status: str = "done", loss: float 
     (d / "status.json").write_text(json.dumps({"status": status}))
     (d / "metrics.json").write_text('{"ref_mlm_acc": 0.1}')
     (d / "model" / "model.safetensors").write_bytes(b"weights")
-    (d / "history.jsonl").write_text("".join(json.dumps({"step": s, "loss": loss - s}) + "\n" for s in (1, 2)))
+    (d / "history.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": loss - s}) + "\n" for s in (1, 2))
+    )
     (d / "checkpoints").mkdir(exist_ok=True)
     (d / "checkpoints" / "step-1.pt").write_text("resume state: not part of the digest")
 
@@ -363,7 +433,9 @@ def test_stamp_records_the_study_and_refuses_a_stale_pipeline(tmp_path: Path, mo
     mine = results / "finetune" / base / "SST-2" / fh / "finetune-seed0.json"
     mine.parent.mkdir(parents=True)
     mine.write_text('{"primary": 0.5}')
-    theirs = results / "finetune" / base / "SST-2" / "0123456789ab" / "finetune-seed0.json"  # another recipe's
+    theirs = (
+        results / "finetune" / base / "SST-2" / "0123456789ab" / "finetune-seed0.json"
+    )  # another recipe's
     theirs.parent.mkdir(parents=True)
     theirs.write_text('{"primary": 0.6}')
     cmd = pipeline_document(runs_document(abl, [("a", None)]))["stages"]["study-a"]["cmd"]
@@ -372,10 +444,15 @@ def test_stamp_records_the_study_and_refuses_a_stale_pipeline(tmp_path: Path, mo
     line = stamp("study-a", out, results, of)
     m = json.loads((tmp_path / "pipeline" / "study-a.json").read_text())
     assert "2 runs (2 done)" in line and m["of"] == of
-    assert {h: (r["status"], r["files"]) for h, r in m["runs"].items()} == dict.fromkeys(s["runs"], ("done", 4))
+    assert {h: (r["status"], r["files"]) for h, r in m["runs"].items()} == dict.fromkeys(
+        s["runs"], ("done", 4)
+    )
     assert m["finetune"][base]["files"] == 1  # its own recipe's results only
     curves = (results / "plots" / "study-a.csv").read_text().splitlines()
-    assert curves[0] == "step,objective.sentence=none:seed0,objective.sentence=nsp:seed0" and curves[1] == "1,4.0,4.0"
+    assert (
+        curves[0] == "step,objective.sentence=none:seed0,objective.sentence=nsp:seed0"
+        and curves[1] == "1,4.0,4.0"
+    )
 
     # the digests follow the files, not their checkpoints or other recipes' results
     theirs.write_text('{"primary": 0.7}')
@@ -383,7 +460,9 @@ def test_stamp_records_the_study_and_refuses_a_stale_pipeline(tmp_path: Path, mo
     stamp("study-a", out, results, of)
     assert json.loads((tmp_path / "pipeline" / "study-a.json").read_text()) == m
     h = next(iter(s["runs"]))
-    (results / "runs" / h / "metrics.json").write_text('{"ref_mlm_acc": 0.2, "ref_mode_acc": 0.05}')  # rescored
+    (results / "runs" / h / "metrics.json").write_text(
+        '{"ref_mlm_acc": 0.2, "ref_mode_acc": 0.05}'
+    )  # rescored
     stamp("study-a", out, results, of)
     m2 = json.loads((tmp_path / "pipeline" / "study-a.json").read_text())
     assert m2["runs"][h]["digest"] != m["runs"][h]["digest"]
@@ -395,9 +474,14 @@ def test_stamp_records_the_study_and_refuses_a_stale_pipeline(tmp_path: Path, mo
     line = stamp("study-a", out, results, of)
     assert "3 runs (2 done)" in line and "`study sync`" in line, line
     assert len(json.loads((tmp_path / "pipeline" / "study-a.json").read_text())["runs"]) == 3
-    assert "`study sync`" not in stamp("study-a", out, results,
-                                       re.search(r"--of (\w+)", pipeline_document(runs_document(abl, [("a", None)]))
-                                                 ["stages"]["study-a"]["cmd"]).group(1))
+    assert "`study sync`" not in stamp(
+        "study-a",
+        out,
+        results,
+        re.search(
+            r"--of (\w+)", pipeline_document(runs_document(abl, [("a", None)]))["stages"]["study-a"]["cmd"]
+        ).group(1),
+    )
     with pytest.raises(StudyError, match="zzz"):
         stamp("study-zzz", out, results, of)
 
@@ -425,16 +509,26 @@ def test_sync_writes_a_placeholder_for_each_stamp_a_study_stage_reads(tmp_path: 
     args = ["--ablations", str(abl), "--out", str(out)]
     assert study_main(["sync", *args]) == 0
     stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
-    wanted = {d for n, st in stages.items() if n.startswith("study-") for d in st["deps"] if d.startswith("pipeline/")}
+    wanted = {
+        d
+        for n, st in stages.items()
+        if n.startswith("study-")
+        for d in st["deps"]
+        if d.startswith("pipeline/")
+    }
     (dh,) = {dh for s in yaml.safe_load(out.read_text())["studies"].values() for dh in s["data"]}
     assert wanted == {"pipeline/code-study.json", f"pipeline/data-{dh}.json"}
     assert {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "pipeline").iterdir()} == wanted
     assert "pending" in json.loads((tmp_path / "pipeline" / "code-study.json").read_text())
-    (tmp_path / "pipeline" / "code-study.json").write_text('{"stage": "code-study", "paths": {}}')  # as stamped
+    (tmp_path / "pipeline" / "code-study.json").write_text(
+        '{"stage": "code-study", "paths": {}}'
+    )  # as stamped
     (tmp_path / f"pipeline/data-{dh}.json").unlink()
     assert is_stale(abl, out)
     assert study_main(["sync", *args]) == 0 and not is_stale(abl, out)
-    assert "paths" in json.loads((tmp_path / "pipeline" / "code-study.json").read_text())  # a real stamp stays
+    assert "paths" in json.loads(
+        (tmp_path / "pipeline" / "code-study.json").read_text()
+    )  # a real stamp stays
 
 
 def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys):
@@ -462,7 +556,7 @@ def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys
     # the profile in NAME@PROFILE is checked like --profile's (it was dropped: `select b@gpu` selected b)
     assert study_main(["select", "b@gpu", *args]) == 2
     assert "--profile:" in (err := capsys.readouterr().err) and "allowed: cpu" in err, err
-    assert study_main(["deselect", "a@gpu", *args]) == 2   # a@cpu is selected, a@gpu is not
+    assert study_main(["deselect", "a@gpu", *args]) == 2  # a@cpu is selected, a@gpu is not
     assert "is not selected" in capsys.readouterr().err
     assert study_main(["select", "a@cpu", "--profile", "gpu", *args]) == 2
     assert "--profile:" in capsys.readouterr().err
@@ -472,15 +566,16 @@ def test_select_and_deselect_edit_the_committed_selection(tmp_path: Path, capsys
     other.write_text((abl / "b.yaml").read_text())
     assert study_main(["select", str(other), *args]) == 2
     assert "study:" in (err := capsys.readouterr().err) and "is not in" in err, err
-    assert study_main(["select", str(abl / "b.yaml"), *args]) == 0   # the folder's own file is b (selected)
+    assert study_main(["select", str(abl / "b.yaml"), *args]) == 0  # the folder's own file is b (selected)
     capsys.readouterr()
-    assert study_main(["sync", "--of", "abc", *args]) == 2   # --of means something only with --stamp
+    assert study_main(["sync", "--of", "abc", *args]) == 2  # --of means something only with --stamp
     assert "--of:" in capsys.readouterr().err
     params.write_text("studies: [b, 'nope@cpu']\n")
     assert study_main(["sync", *args]) == 2
     assert "studies[1]:" in capsys.readouterr().err
-    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p != params} == \
-        {p: b for p, b in files.items() if p != params}
+    assert {p: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and p != params} == {
+        p: b for p, b in files.items() if p != params
+    }
 
 
 def test_committed_pipeline_has_only_the_selected_studies():
@@ -509,6 +604,7 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
 
     def git(*a):
         subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+
     git("init", "-q")
     for rel in ("study/x.py", "pipeline/study-a.json", "dvc.lock", "params.yaml"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -521,6 +617,7 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     def dirty():
         provenance.git_info.cache_clear()
         return provenance.git_info()["dirty"]
+
     assert dirty() is False
     (tmp_path / "pipeline" / "study-a.json").write_text("{}\n")
     (tmp_path / "dvc.lock").write_text("1\n")
@@ -530,7 +627,7 @@ def test_git_dirty_ignores_what_the_pipeline_writes(tmp_path, monkeypatch):
     (tmp_path / "study" / "new_masking.py").write_text("# untracked code inside the package is\n")
     assert dirty() is True
     (tmp_path / "study" / "new_masking.py").unlink()
-    monkeypatch.chdir(tmp_path / "study")   # the same answer from a subfolder
+    monkeypatch.chdir(tmp_path / "study")  # the same answer from a subfolder
     assert dirty() is False
     (tmp_path / "study" / "x.py").write_text("1\n")
     assert dirty() is True
@@ -548,9 +645,16 @@ def test_the_commit_is_the_packages_not_the_working_directorys(tmp_path, monkeyp
     def repo(path, name):
         (path / name).mkdir(parents=True)
         (path / name / "x.py").write_text(f"{name}\n")
-        for a in (("init", "-q"), ("add", "-A"), ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")):
+        for a in (
+            ("init", "-q"),
+            ("add", "-A"),
+            ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"),
+        ):
             subprocess.run(["git", *a], cwd=path, check=True, capture_output=True)
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True
+        ).stdout.strip()
+
     code, other = repo(tmp_path / "code", "study"), repo(tmp_path / "project", "src")
     assert code != other
     monkeypatch.chdir(tmp_path / "project")
@@ -576,12 +680,15 @@ def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):
     import subprocess
 
     from study import provenance
-    monkeypatch.chdir(tmp_path)   # not a git repository
+
+    monkeypatch.chdir(tmp_path)  # not a git repository
     fake = tmp_path / "COMMIT"
     monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", fake)
-    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path)   # nor is the package's folder
-    for text, want in (("0123456789abcdef0123456789abcdef01234567\n", "0123456789abcdef0123456789abcdef01234567"),
-                       ("$Format:%H$\n", None)):
+    monkeypatch.setattr(provenance, "PACKAGE_DIR", tmp_path)  # nor is the package's folder
+    for text, want in (
+        ("0123456789abcdef0123456789abcdef01234567\n", "0123456789abcdef0123456789abcdef01234567"),
+        ("$Format:%H$\n", None),
+    ):
         fake.write_text(text)
         provenance.git_info.cache_clear()
         info = provenance.git_info()
@@ -593,8 +700,14 @@ def test_a_git_archive_copy_names_its_commit(tmp_path, monkeypatch):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
     if head.returncode:
         pytest.skip("not a git checkout")
-    out = subprocess.run("git archive HEAD study/COMMIT | tar -xO", shell=True, cwd=repo, capture_output=True,
-                         text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        "git archive HEAD study/COMMIT | tar -xO",
+        shell=True,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == head.stdout.strip()
 
 
@@ -605,20 +718,24 @@ def test_run_outside_a_checkout_names_the_package_commit(tmp_path, monkeypatch):
     import subprocess
 
     from study import provenance
+
     repo = tmp_path / "checkout"
     (repo / "study").mkdir(parents=True)
     (repo / "study" / "x.py").write_text("0\n")
 
     def git(*a):
-        return subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", *a], cwd=repo, check=True, capture_output=True, text=True
+        ).stdout.strip()
+
     git("init", "-q")
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     elsewhere = tmp_path / "copy"
     elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)   # not a git repository
+    monkeypatch.chdir(elsewhere)  # not a git repository
     placeholder = tmp_path / "COMMIT"
-    placeholder.write_text("$Format:%H$\n")   # the package's own COMMIT file, unexpanded as in a checkout
+    placeholder.write_text("$Format:%H$\n")  # the package's own COMMIT file, unexpanded as in a checkout
     monkeypatch.setattr(provenance, "ARCHIVE_COMMIT", placeholder)
     monkeypatch.setattr(provenance, "PACKAGE_DIR", repo / "study")
     provenance.git_info.cache_clear()

@@ -1,5 +1,6 @@
 """model.arch: pre_ln is a stock HF RoBERTa-PreLayerNorm checkpoint with BertForPreTraining's surface, and
 post_ln (the default) is exactly the model and the run identity it was before the setting existed."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ from study.model.bert import build_model, pretraining_loss, use_bits_dropout
 from study.model.preln import MASKED_LM, MODEL_TYPE, PreLNForPreTraining
 
 VOCAB, B, L, PAD, MASK = 300, 4, 24, 0, 4
-POST = ModelConfig(layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0,
-                   max_positions=32)
+POST = ModelConfig(
+    layers=2, hidden=64, heads=2, intermediate=128, dropout=0.0, attention_dropout=0.0, max_positions=32
+)
 PRE = POST.model_copy(update={"arch": "pre_ln"})
 
 
@@ -29,14 +31,19 @@ def batch(seed: int = 0, pad_tail: int = 5) -> dict:
     if pad_tail:
         attn[:2, -pad_tail:] = 0
     types = torch.zeros_like(ids)
-    types[:, L // 2:] = 1
+    types[:, L // 2 :] = 1
     sel = (torch.rand(B, L, generator=g) < 0.15) & attn.bool()
     sel[:, 3] = True
     labels = torch.full_like(ids, -100)
     labels[sel] = ids[sel]
     inputs = ids.masked_fill(sel, MASK).masked_fill(~attn.bool(), PAD)
-    return dict(input_ids=inputs, attention_mask=attn, token_type_ids=types.masked_fill(~attn.bool(), 0),
-                labels=labels, sentence_label=torch.randint(0, 2, (B,), generator=g))
+    return dict(
+        input_ids=inputs,
+        attention_mask=attn,
+        token_type_ids=types.masked_fill(~attn.bool(), 0),
+        labels=labels,
+        sentence_label=torch.randint(0, 2, (B,), generator=g),
+    )
 
 
 def inputs(b: dict) -> dict:
@@ -50,15 +57,29 @@ def tokenizer():
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(VOCAB - 5)]
     core = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    return BertTokenizerFast(tokenizer_object=core, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
-                             cls_token="[CLS]", mask_token="[MASK]", do_lower_case=False)
+    return BertTokenizerFast(
+        tokenizer_object=core,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        do_lower_case=False,
+    )
 
 
 def saved(tmp_path, cfg: ModelConfig = PRE, seed: int = 4):
     """A pre-LN model as the trainer saves it on CPU (bits dropout on), with its tokenizer."""
-    m = use_bits_dropout(build_model(cfg.model_copy(update={"dropout": 0.1, "attention_dropout": 0.1}), VOCAB,
-                                     True, ImplConfig(), seed=seed))
-    with torch.no_grad():   # a trained-looking model: non-trivial LayerNorms, biases and pad rows untouched
+    m = use_bits_dropout(
+        build_model(
+            cfg.model_copy(update={"dropout": 0.1, "attention_dropout": 0.1}),
+            VOCAB,
+            True,
+            ImplConfig(),
+            seed=seed,
+        )
+    )
+    with torch.no_grad():  # a trained-looking model: non-trivial LayerNorms, biases and pad rows untouched
         for n, p in m.named_parameters():
             if "LayerNorm" in n or "layer_norm" in n or n.endswith("bias"):
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.1)
@@ -76,13 +97,22 @@ def test_default_is_post_ln_with_the_run_identity_it_had_before():
     assert ModelConfig().arch == "post_ln" and "arch" not in ModelConfig().model_dump(mode="json")
     post, pre = RunConfig(model=ModelConfig(layers=3)), RunConfig(model=ModelConfig(layers=3, arch="pre_ln"))
     assert RunConfig(model=ModelConfig(arch="post_ln")).run_hash() == RunConfig().run_hash()
-    before = ("layers", "hidden", "heads", "intermediate", "activation", "dropout", "attention_dropout",
-              "max_positions", "init_range")   # the model section the hash covered before model.arch
+    before = (
+        "layers",
+        "hidden",
+        "heads",
+        "intermediate",
+        "activation",
+        "dropout",
+        "attention_dropout",
+        "max_positions",
+        "init_range",
+    )  # the model section the hash covered before model.arch
     legacy = {**post.semantic(), "model": {k: getattr(post.model, k) for k in before}}
     assert post.run_hash() == hash_obj(legacy) and post.run_hash() != pre.run_hash()
     assert pre.model_dump(mode="json")["model"]["arch"] == "pre_ln"
     assert pre.baseline_key() != post.baseline_key()
-    for cfg in (post, pre):   # config.json round-trips
+    for cfg in (post, pre):  # config.json round-trips
         assert RunConfig.model_validate(json.loads(json.dumps(cfg.model_dump(mode="json")))) == cfg
 
 
@@ -103,10 +133,19 @@ def test_post_ln_model_is_bitwise_the_old_bert_for_the_same_seed():
 
     for cfg, seed in ((POST, 3), (ModelConfig(), 0)):
         old_conf = BertConfig(
-            vocab_size=VOCAB, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
-            intermediate_size=cfg.intermediate, hidden_act=cfg.activation, hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.attention_dropout, max_position_embeddings=cfg.max_positions,
-            type_vocab_size=2, initializer_range=cfg.init_range, architectures=["BertForPreTraining"])
+            vocab_size=VOCAB,
+            hidden_size=cfg.hidden,
+            num_hidden_layers=cfg.layers,
+            num_attention_heads=cfg.heads,
+            intermediate_size=cfg.intermediate,
+            hidden_act=cfg.activation,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout,
+            max_position_embeddings=cfg.max_positions,
+            type_vocab_size=2,
+            initializer_range=cfg.init_range,
+            architectures=["BertForPreTraining"],
+        )
         old_conf._attn_implementation = "eager"
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -128,10 +167,13 @@ def test_preln_model_layout_init_and_surface():
     emb = m.bert.embeddings
     assert not emb.word_embeddings.weight[PAD].any() and not emb.position_embeddings.weight[PAD].any()
     q = m.bert.encoder.layer[0].attention.self.query.weight
-    assert 0.04 < float(q.detach().std()) < 0.06                                 # model.init_range is respected
-    assert 0.03 < float(m.cls.seq_relationship.weight.detach().std()) < 0.07 and not m.cls.seq_relationship.bias.any()
-    assert m.cls.predictions.decoder.weight is emb.word_embeddings.weight   # tied, as RoBERTa's
-    assert m.bert.pooler is not None and m.bert.LayerNorm is not None     # pooler and the final LayerNorm
+    assert 0.04 < float(q.detach().std()) < 0.06  # model.init_range is respected
+    assert (
+        0.03 < float(m.cls.seq_relationship.weight.detach().std()) < 0.07
+        and not m.cls.seq_relationship.bias.any()
+    )
+    assert m.cls.predictions.decoder.weight is emb.word_embeddings.weight  # tied, as RoBERTa's
+    assert m.bert.pooler is not None and m.bert.LayerNorm is not None  # pooler and the final LayerNorm
     b = batch(1)
     with torch.no_grad():
         out = m.bert(**inputs(b))
@@ -145,7 +187,7 @@ def test_preln_model_layout_init_and_surface():
     other = build_model(PRE, VOCAB, True, ImplConfig(), seed=1)
     again = build_model(PRE, VOCAB, True, ImplConfig(), seed=1)
     for (n, p), (_, q2) in zip(other.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(p, q2), n                                     # seeded init
+        assert torch.equal(p, q2), n  # seeded init
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -171,10 +213,12 @@ def test_preln_sparse_head_and_bits_dropout_are_loss_neutral(attn):
         assert torch.equal(pretraining_loss(m.eval(), **b).loss, pretraining_loss(bits.eval(), **b).loss)
     bits.train()
     assert torch.allclose(pretraining_loss(bits, **b).loss, outs[0].loss, rtol=1e-5, atol=1e-6)
-    if attn == "sdpa":   # padding handled as eager handles it
+    if attn == "sdpa":  # padding handled as eager handles it
         eager = build_model(PRE, VOCAB, True, ImplConfig(attention="eager"), seed=2).eval()
         with torch.no_grad():
-            assert torch.allclose(pretraining_loss(eager, **b).loss, pretraining_loss(m.eval(), **b).loss, atol=1e-5)
+            assert torch.allclose(
+                pretraining_loss(eager, **b).loss, pretraining_loss(m.eval(), **b).loss, atol=1e-5
+            )
 
 
 def test_param_groups_leave_every_bias_and_layernorm_undecayed():
@@ -190,18 +234,28 @@ def test_param_groups_leave_every_bias_and_layernorm_undecayed():
         names = {id(p): n for n, p in m.named_parameters()}
         decay, no_decay = param_groups(m, 0.01)
         got = [names[id(p)] for p in no_decay["params"]]
-        assert got == [n for n in names.values() if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n]
+        assert got == [
+            n for n in names.values() if n.endswith("bias") or "LayerNorm" in n or "layer_norm" in n
+        ]
         assert all(p.ndim == 2 for p in decay["params"]) and len(got) + len(decay["params"]) == len(names)
     b = batch(3)
-    assert clf(**inputs(b)).shape == (B, 3)   # Classifier reads .bert(**batch).pooler_output
+    assert clf(**inputs(b)).shape == (B, 3)  # Classifier reads .bert(**batch).pooler_output
 
 
 def test_preln_trains():
     """40 AdamW steps as the trainer takes them (lr 4e-3, bits dropout, clipping) on four batches: the loss
     falls well below where it started (6.4 -> ~2.3 when written)."""
-    m = use_bits_dropout(build_model(PRE.model_copy(update={"dropout": 0.1, "attention_dropout": 0.1}), VOCAB,
-                                     True, ImplConfig(), seed=5))
+    m = use_bits_dropout(
+        build_model(
+            PRE.model_copy(update={"dropout": 0.1, "attention_dropout": 0.1}),
+            VOCAB,
+            True,
+            ImplConfig(),
+            seed=5,
+        )
+    )
     from study.runtime import param_groups
+
     opt = torch.optim.AdamW(param_groups(m, 0.01), lr=4e-3)
     torch.manual_seed(0)
     losses = []
@@ -224,15 +278,15 @@ def test_preln_checkpoint_loads_in_stock_hf_classes_with_the_same_logits(tmp_pat
     conf = json.loads((tmp_path / "config.json").read_text())
     assert conf["model_type"] == MODEL_TYPE and conf["architectures"] == [MASKED_LM]
     assert conf["max_position_embeddings"] == PRE.max_positions + 1 and conf["pad_token_id"] == PAD
-    assert "bits" not in json.dumps(conf) and "auto_map" not in conf      # no custom code is named
+    assert "bits" not in json.dumps(conf) and "auto_map" not in conf  # no custom code is named
     assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["model.safetensors"]
     b = batch(7)
     with torch.no_grad():
         ref = ours(**inputs(b))
         mlm = AutoModelForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
         assert type(mlm).__name__ == MASKED_LM
-        assert torch.equal(mlm(**inputs(b)).logits, ref.prediction_logits)      # bitwise, same kernel
-        default = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()         # transformers' default kernel
+        assert torch.equal(mlm(**inputs(b)).logits, ref.prediction_logits)  # bitwise, same kernel
+        default = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()  # transformers' default kernel
         assert torch.allclose(default(**inputs(b)).logits, ref.prediction_logits, atol=1e-5)
         enc = AutoModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
         assert torch.equal(enc(**inputs(b)).pooler_output, ours.bert(**inputs(b)).pooler_output)
@@ -260,7 +314,7 @@ def test_sentence_head_and_pooler_survive_save_and_load(tmp_path):
     assert torch.equal(o1.mlm_loss, o2.mlm_loss) and torch.equal(o1.sentence_loss, o2.sentence_loss)
     post = tmp_path / "post"
     build_model(POST, VOCAB, True, ImplConfig(), seed=0).save_pretrained(post)
-    assert type(load_pretrained(post, "eager")).__name__ == "BertForPreTraining"   # post-LN folders as before
+    assert type(load_pretrained(post, "eager")).__name__ == "BertForPreTraining"  # post-LN folders as before
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "gpt2"}))

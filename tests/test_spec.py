@@ -1,4 +1,5 @@
 """Specs: expansion, hashing, and bad input answered with exit 2 naming the field."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def test_bad_flags_exit_2_before_anything_is_written(tmp_path, capsys, case):
     argv, flag = BAD_FLAGS[case]
     spec = write(tmp_path, GOOD)
     results = tmp_path / "results"
-    data = load_study(spec).runs[0].config.data_hash()   # the spec's own data, beside a bad one
+    data = load_study(spec).runs[0].config.data_hash()  # the spec's own data, beside a bad one
     assert main(["--results", str(results), *(a.format(spec=spec, data=data) for a in argv)]) == 2
     err = capsys.readouterr().err
     assert f"{flag}:" in err and "Traceback" not in err, err
@@ -87,15 +88,23 @@ def test_hash_ignores_impl_and_changes_with_semantics():
     a = RunConfig()
     b = RunConfig(impl={"threads": 7, "progress": False, "log_every": 3, "precision": "bf16", "workers": 2})
     assert a.run_hash() == b.run_hash()
-    for change in ({"masking": {"rate": 0.2}}, {"seed": 1}, {"model": {"layers": 3}},
-                   {"objective": {"sentence": "none"}}, {"train": {"lr": 5e-4}}):
+    for change in (
+        {"masking": {"rate": 0.2}},
+        {"seed": 1},
+        {"model": {"layers": 3}},
+        {"objective": {"sentence": "none"}},
+        {"train": {"lr": 5e-4}},
+    ):
         assert RunConfig.model_validate(change).run_hash() != a.run_hash(), change
 
 
 def test_identical_runs_in_two_studies_share_a_hash(tmp_path):
     a = load_study(write(tmp_path, GOOD, "a.yaml"))
-    b = load_study(write(tmp_path, GOOD.replace("name: t", "name: other").replace("[0.15, 0.3]", "[0.3, 0.45]"),
-                         "b.yaml"))
+    b = load_study(
+        write(
+            tmp_path, GOOD.replace("name: t", "name: other").replace("[0.15, 0.3]", "[0.3, 0.45]"), "b.yaml"
+        )
+    )
     shared = {r.run_hash for r in a.runs} & {r.run_hash for r in b.runs}
     assert len(shared) == 4  # rate 0.3 x 2 sentence x 2 seeds
 
@@ -120,7 +129,10 @@ BAD = {
     "depth0": ("name: t\ndefaults:\n  model: {layers: 0}\n", "model.layers"),
     "heads": ("name: t\ndefaults:\n  model: {hidden: 100, heads: 3}\n", "model"),
     "seq_vs_positions": ("name: t\ndefaults:\n  objective: {max_seq_len: 600}\n", "max_positions"),
-    "nsp_with_full": ("name: t\ndefaults:\n  objective: {format: full_sentences, sentence: nsp}\n", "objective"),
+    "nsp_with_full": (
+        "name: t\ndefaults:\n  objective: {format: full_sentences, sentence: nsp}\n",
+        "objective",
+    ),
     "format": ("name: t\ndefaults:\n  objective: {format: pairs}\n", "objective.format"),
     "corpus_kind": ("name: t\ndefaults:\n  corpus: {sources: [wikipedia]}\n", "corpus.sources"),
     "corpus_nopath": ("name: t\ndefaults:\n  corpus: {sources: [{kind: text}]}\n", "corpus.sources"),
@@ -143,9 +155,18 @@ BAD = {
     "unknown_task": ("name: t\ndefaults:\n  finetune: {tasks: [SST2]}\n", "finetune.tasks"),
     "pooling": ("name: t\ndefaults:\n  finetune: {pooling: max}\n", "finetune.pooling"),
     "unknown_reference": ("name: t\nreport: {references: [bert_table9]}\n", "report.references"),
-    "duplicate_factor": ("name: t\nfactors:\n  masking.rate: [0.1]\n  masking.rate: [0.2]\n", "duplicate key"),
-    "search_unknown_key": ("name: t\nsearch: {params: {masking.rat: {low: 0.1, high: 0.2}}}\n", "masking.rat"),
-    "search_empty_range": ("name: t\nsearch: {params: {masking.rate: {low: 0.3, high: 0.1}}}\n", "masking.rate"),
+    "duplicate_factor": (
+        "name: t\nfactors:\n  masking.rate: [0.1]\n  masking.rate: [0.2]\n",
+        "duplicate key",
+    ),
+    "search_unknown_key": (
+        "name: t\nsearch: {params: {masking.rat: {low: 0.1, high: 0.2}}}\n",
+        "masking.rat",
+    ),
+    "search_empty_range": (
+        "name: t\nsearch: {params: {masking.rate: {low: 0.3, high: 0.1}}}\n",
+        "masking.rate",
+    ),
 }
 
 
@@ -236,8 +257,11 @@ def test_gpu_check_specs_validate_and_match_the_gpu_profile(tmp_path, monkeypatc
             cfg = run.config
             for key in ("layers", "hidden", "heads", "intermediate"):
                 assert getattr(cfg.model, key) == getattr(gpu.model, key), (spec, key)
-            assert (cfg.tokenizer.vocab_size, cfg.train.batch_size, cfg.objective.max_seq_len) == \
-                (gpu.tokenizer.vocab_size, gpu.train.batch_size, gpu.objective.max_seq_len), spec
+            assert (cfg.tokenizer.vocab_size, cfg.train.batch_size, cfg.objective.max_seq_len) == (
+                gpu.tokenizer.vocab_size,
+                gpu.train.batch_size,
+                gpu.objective.max_seq_len,
+            ), spec
 
 
 def test_gpu_pooling_check_fine_tunes_the_runs_the_learn_check_trains(tmp_path, monkeypatch):
@@ -261,28 +285,57 @@ def test_gpu_pooling_check_fine_tunes_the_runs_the_learn_check_trains(tmp_path, 
 
 def test_generated_run_list_is_in_sync():
     """study_runs.yaml and dvc.yaml are generated from the specs: they must match them (run `study sync`)."""
-    assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), "study_runs.yaml is stale: run `study sync`"
+    assert not is_stale(REPO / "ablations", REPO / "study_runs.yaml"), (
+        "study_runs.yaml is stale: run `study sync`"
+    )
 
 
 def test_cli_exit_code_in_a_subprocess(tmp_path):
     path = write(tmp_path, "name: t\ndefaults:\n  masking: {rate: 2}\n")
-    proc = subprocess.run([sys.executable, "-m", "study", "validate", str(path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "study", "validate", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "masking.rate" in proc.stderr
 
 
 CROSS = {  # rules between fields: `study validate` names the dotted field and what it allows
     # case: (defaults that break the rule, one run's setting that breaks it, field, allowed)
-    "seq_vs_positions": ("objective: {max_seq_len: 64}\n  model: {max_positions: 32}", "objective.max_seq_len: 1024",
-                         "objective.max_seq_len", "<= model.max_positions (32)"),
-    "finetune_length": ("finetune: {max_length: 256}\n  model: {max_positions: 128}", "finetune.max_length: 1024",
-                        "finetune.max_length", "8..128"),
-    "grad_accum": ("train: {batch_size: 30, grad_accum: 4}", "train.grad_accum: 7", "train.batch_size",
-                   "a positive multiple of train.grad_accum (4)"),
-    "heads": ("model: {hidden: 100, heads: 3}", "model.heads: 7", "model.heads", "a divisor of model.hidden (100)"),
-    "short_len_vs_seq": ("objective: {max_seq_len: 64}\n  train: {short_len: 64, short_fraction: 0.2}",
-                         "train.short_len: 1000, train.short_fraction: 0.3", "train.short_len", "8..63"),
-    "short_len_missing": ("train: {short_fraction: 0.2}", "train.short_fraction: 0.5", "train.short_len",
-                          "an integer >= 8, below objective.max_seq_len"),
+    "seq_vs_positions": (
+        "objective: {max_seq_len: 64}\n  model: {max_positions: 32}",
+        "objective.max_seq_len: 1024",
+        "objective.max_seq_len",
+        "<= model.max_positions (32)",
+    ),
+    "finetune_length": (
+        "finetune: {max_length: 256}\n  model: {max_positions: 128}",
+        "finetune.max_length: 1024",
+        "finetune.max_length",
+        "8..128",
+    ),
+    "grad_accum": (
+        "train: {batch_size: 30, grad_accum: 4}",
+        "train.grad_accum: 7",
+        "train.batch_size",
+        "a positive multiple of train.grad_accum (4)",
+    ),
+    "heads": (
+        "model: {hidden: 100, heads: 3}",
+        "model.heads: 7",
+        "model.heads",
+        "a divisor of model.hidden (100)",
+    ),
+    "short_len_vs_seq": (
+        "objective: {max_seq_len: 64}\n  train: {short_len: 64, short_fraction: 0.2}",
+        "train.short_len: 1000, train.short_fraction: 0.3",
+        "train.short_len",
+        "8..63",
+    ),
+    "short_len_missing": (
+        "train: {short_fraction: 0.2}",
+        "train.short_fraction: 0.5",
+        "train.short_len",
+        "an integer >= 8, below objective.max_seq_len",
+    ),
     # 2.5 steps were rounded up by the schedule, down by the search, kept as 2.5 by `study plan`
     "whole_steps": ("train: {amount: 2.5}", "train.amount: 100.5", "train.amount", "a whole number of steps"),
 }
@@ -306,8 +359,11 @@ WRONG_TYPE = {  # a value of the wrong type: pydantic names the type it wanted; 
     "int": ("defaults:\n  model: {layers: two}", "model.layers", "an integer >= 1 and <= 48"),
     "float": ("defaults:\n  train: {lr: fast}", "train.lr", "a number > 0 and <= 1"),
     "bool": ("defaults:\n  masking: {dynamic: maybe}", "masking.dynamic", "true or false"),
-    "optional": ("defaults:\n  finetune: {max_train_examples: lots}", "finetune.max_train_examples",
-                 "an integer >= 1, or null"),
+    "optional": (
+        "defaults:\n  finetune: {max_train_examples: lots}",
+        "finetune.max_train_examples",
+        "an integer >= 1, or null",
+    ),
     "factor_level": ("factors:\n  model.layers: [2, four]", "model.layers", "an integer >= 1 and <= 48"),
 }
 
@@ -324,6 +380,7 @@ def test_a_wrong_type_names_what_the_field_allows(tmp_path, capsys, case):
 def test_build_run_config_is_what_load_study_builds(tmp_path):
     """The one construction of a run from a spec (search trials use it too): same config, same hash."""
     from study.studies.spec import build_run_config
+
     study = load_study(write(tmp_path, GOOD))
     for run in study.runs:
         cfg = build_run_config(study.defaults, run.factors, run.seed, str(study.path))
@@ -345,7 +402,9 @@ def _rejects(tmp_path, capsys, text, field, *, name="s.yaml", extra=()):
 def _laughs(levels: int = 9, inside: str = "factors:\n  masking.rate") -> str:
     """A 'billion laughs': each anchor is a list of ten aliases of the one before (10**levels strings)."""
     first = "[" + ", ".join(["lol"] * 10) + "]"
-    items = [f"&l0 {first}"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    items = [f"&l0 {first}"] + [
+        f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels + 1)
+    ]
     return f"name: t\n{inside}: [{', '.join(items)}]\n"
 
 
@@ -355,8 +414,12 @@ YAML_BOMBS = {
     "laughs_in_defaults": (_laughs(inside="defaults:\n  corpus:\n    sources"), "defaults.corpus.sources"),
     "recursive_alias": ("name: t\nfactors:\n  masking.rate: &r [0.1, *r]\n", "factors.masking.rate"),
     "deep_nesting": ("name: t\nquestion: " + "[" * 5000 + "]" * 5000 + "\n", "question: nested deeper"),
-    "deep_alias_chain": ("name: t\nq:\n" + "\n".join(f"  - &c{i} [*c{i - 1}]" if i else "  - &c0 [0.1]"
-                                                    for i in range(400)) + "\n", "q"),
+    "deep_alias_chain": (
+        "name: t\nq:\n"
+        + "\n".join(f"  - &c{i} [*c{i - 1}]" if i else "  - &c0 [0.1]" for i in range(400))
+        + "\n",
+        "q",
+    ),
     "unhashable_key": ("name: t\nfactors:\n  ? [a, b]\n  : [1]\n", "key must be a scalar"),
     "huge_file": ("name: t\nquestion: '" + "x" * (300 * 1024) + "'\n", "256 KiB"),
 }
@@ -365,6 +428,7 @@ YAML_BOMBS = {
 @pytest.mark.parametrize("case", sorted(YAML_BOMBS))
 def test_yaml_bombs_are_refused_small(tmp_path, capsys, case):
     import tracemalloc
+
     text, field = YAML_BOMBS[case]
     tracemalloc.start()
     try:
@@ -378,15 +442,23 @@ def test_yaml_bombs_are_refused_small(tmp_path, capsys, case):
 
 
 def test_yaml_merge_keys_and_plain_anchors_still_work(tmp_path):
-    study = load_study(write(tmp_path, "name: t\nprofiles:\n  cpu: &p {model.layers: 1, model.hidden: 32}\n"
-                                       "  gpu: {<<: *p, model.hidden: 64}\nfactors:\n  masking.rate: &r [0.1, 0.2]\n"
-                                       "runs:\n  - {label: x, set: {masking.rate: 0.3}}\n"), "gpu")
+    study = load_study(
+        write(
+            tmp_path,
+            "name: t\nprofiles:\n  cpu: &p {model.layers: 1, model.hidden: 32}\n"
+            "  gpu: {<<: *p, model.hidden: 64}\nfactors:\n  masking.rate: &r [0.1, 0.2]\n"
+            "runs:\n  - {label: x, set: {masking.rate: 0.3}}\n",
+        ),
+        "gpu",
+    )
     assert study.spec.profiles["gpu"] == {"model.layers": 1, "model.hidden": 64}
     assert {r.config.model.hidden for r in study.runs} == {64}
 
 
 def test_error_messages_never_format_an_unbounded_value(tmp_path, capsys):
-    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  masking: {rate: '" + "9" * 5000 + "'}\n", "masking.rate")
+    err = _rejects(
+        tmp_path, capsys, "name: t\ndefaults:\n  masking: {rate: '" + "9" * 5000 + "'}\n", "masking.rate"
+    )
     assert len(err) < 600, len(err)
 
 
@@ -439,16 +511,27 @@ def test_report_hints_are_checked_at_validation(tmp_path, capsys, case):
 
 
 def test_report_hints_that_the_aggregate_can_use_pass(tmp_path):
-    for hint in ("compare: {factor: masking.rate, a: 0.15, b: 0.3}", "x: label", "hue: objective.sentence",
-                 "compare: {factor: objective.sentence, a: nsp, b: none}", "primary_metric: SST-2/probe/accuracy",
-                 "primary_metric: tokens_per_s", "compare: {factor: label, a: 'masking.rate=0.15,objective.sentence=nsp',"
-                 " b: 'masking.rate=0.3,objective.sentence=nsp'}"):
+    for hint in (
+        "compare: {factor: masking.rate, a: 0.15, b: 0.3}",
+        "x: label",
+        "hue: objective.sentence",
+        "compare: {factor: objective.sentence, a: nsp, b: none}",
+        "primary_metric: SST-2/probe/accuracy",
+        "primary_metric: tokens_per_s",
+        "compare: {factor: label, a: 'masking.rate=0.15,objective.sentence=nsp',"
+        " b: 'masking.rate=0.3,objective.sentence=nsp'}",
+    ):
         assert load_study(write(tmp_path, GOOD + f"report:\n  {hint}\n")).runs, hint
 
 
 def test_sentence_metric_needs_a_sentence_task(tmp_path, capsys):
-    _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {sentence: none, format: doc_sentences}\n"
-                               "report: {primary_metric: sentence_acc}\n", "report.primary_metric")
+    _rejects(
+        tmp_path,
+        capsys,
+        "name: t\ndefaults:\n  objective: {sentence: none, format: doc_sentences}\n"
+        "report: {primary_metric: sentence_acc}\n",
+        "report.primary_metric",
+    )
 
 
 SEED_BAD = {
@@ -460,12 +543,18 @@ SEED_BAD = {
     "finetune_seeds_repeated": ("defaults:\n  finetune: {seeds: [1, 2, 1]}", "finetune.seeds"),
     "finetune_seeds_negative": ("defaults:\n  finetune: {seeds: [-3]}", "finetune.seeds"),
     "split_seed_negative": ("defaults:\n  corpus: {split_seed: -1}", "corpus.split_seed"),
-    "search_seeds_negative": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, seeds: [-1]}",
-                              "search.seeds"),
-    "search_sampler_seed": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, sampler: {seed: 4294967296}}",
-                            "search.sampler.seed"),
-    "search_best_seeds_repeated": ("search: {params: {masking.rate: {low: 0.1, high: 0.2}}, best_seeds: [3, 3]}",
-                                   "search.best_seeds"),
+    "search_seeds_negative": (
+        "search: {params: {masking.rate: {low: 0.1, high: 0.2}}, seeds: [-1]}",
+        "search.seeds",
+    ),
+    "search_sampler_seed": (
+        "search: {params: {masking.rate: {low: 0.1, high: 0.2}}, sampler: {seed: 4294967296}}",
+        "search.sampler.seed",
+    ),
+    "search_best_seeds_repeated": (
+        "search: {params: {masking.rate: {low: 0.1, high: 0.2}}, best_seeds: [3, 3]}",
+        "search.best_seeds",
+    ),
 }
 
 
@@ -478,6 +567,7 @@ def test_one_seed_rule_everywhere(tmp_path, capsys, case):
 
 def test_run_config_seed_rule():
     from pydantic import ValidationError
+
     for bad in (-1, 2**32, True):
         with pytest.raises(ValidationError):
             RunConfig(seed=bad)
@@ -485,17 +575,25 @@ def test_run_config_seed_rule():
 
 
 def test_a_hand_written_fingerprint_is_refused(tmp_path, capsys):
-    for text, field in (("defaults:\n  corpus: {fingerprint: 0123456789abcdef}", "defaults.corpus.fingerprint"),
-                        ("profiles:\n  cpu: {corpus.fingerprint: 0123456789abcdef}", "profiles.cpu.corpus.fingerprint"),
-                        ("factors:\n  corpus.fingerprint: [0123456789abcdef]", "factors.corpus.fingerprint"),
-                        ("runs:\n  - {label: x, set: {corpus.fingerprint: 0123456789abcdef}}",
-                         "runs[0].set.corpus.fingerprint")):
+    for text, field in (
+        ("defaults:\n  corpus: {fingerprint: 0123456789abcdef}", "defaults.corpus.fingerprint"),
+        ("profiles:\n  cpu: {corpus.fingerprint: 0123456789abcdef}", "profiles.cpu.corpus.fingerprint"),
+        ("factors:\n  corpus.fingerprint: [0123456789abcdef]", "factors.corpus.fingerprint"),
+        (
+            "runs:\n  - {label: x, set: {corpus.fingerprint: 0123456789abcdef}}",
+            "runs[0].set.corpus.fingerprint",
+        ),
+    ):
         _rejects(tmp_path, capsys, f"name: t\n{text}\n", field)
 
 
 def test_a_missing_corpus_source_is_refused_at_validation(tmp_path, capsys):
-    err = _rejects(tmp_path, capsys, f"name: t\ndefaults:\n  corpus:\n    sources: [embedded, 'text:{tmp_path}/nope']\n",
-                   "corpus.sources[1].path")
+    err = _rejects(
+        tmp_path,
+        capsys,
+        f"name: t\ndefaults:\n  corpus:\n    sources: [embedded, 'text:{tmp_path}/nope']\n",
+        "corpus.sources[1].path",
+    )
     assert "does not exist" in err and "s.yaml" in err
 
 
@@ -505,23 +603,43 @@ def test_a_factor_that_cannot_change_the_run_is_refused(tmp_path, capsys):
     (exit 2, naming the key and the setting that would make it count); the same factor where it acts is fine."""
     err = _rejects(tmp_path, capsys, "name: t\nfactors:\n  masking.span_p: [0.1, 0.3]\n", "masking.span_p")
     assert "masking.unit is token" in err and "masking.unit: span" in err
-    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {format: doc_sentences, sentence: none}\n"
-                                     "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n", "objective.short_seq_prob")
+    err = _rejects(
+        tmp_path,
+        capsys,
+        "name: t\ndefaults:\n  objective: {format: doc_sentences, sentence: none}\n"
+        "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n",
+        "objective.short_seq_prob",
+    )
     assert "objective.format is doc_sentences" in err
-    err = _rejects(tmp_path, capsys, "name: t\ndefaults:\n  objective: {format: sentence_pair}\n"
-                                     "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n", "objective.short_seq_prob")
+    err = _rejects(
+        tmp_path,
+        capsys,
+        "name: t\ndefaults:\n  objective: {format: sentence_pair}\n"
+        "factors:\n  objective.short_seq_prob: [0.0, 0.1]\n",
+        "objective.short_seq_prob",
+    )
     assert "objective.format is sentence_pair" in err and "objective.format: segment_pair" in err
-    ok = write(tmp_path, "name: t\ndefaults:\n  masking: {unit: span}\nfactors:\n  masking.span_p: [0.1, 0.3]\n",
-               "ok.yaml")
+    ok = write(
+        tmp_path,
+        "name: t\ndefaults:\n  masking: {unit: span}\nfactors:\n  masking.span_p: [0.1, 0.3]\n",
+        "ok.yaml",
+    )
     assert len(load_study(ok).runs) == 2
 
 
-@pytest.mark.parametrize("varies, field", [
-    # with another pre-training setting: two runs, the second's fine-tune rows were silently dropped
-    ("runs:\n  - {label: a}\n  - {label: b, set: {masking.rate: 0.3, finetune.pooling: mean}}\n", "pooling"),
-    # one at a time: the lr levels were merged into the base point, the factor silently gone
-    ("design: one_at_a_time\nfactors:\n  finetune.lr: [1.0e-4, 2.0e-4]\n  masking.rate: [0.3]\n", "lr"),
-    ("factors:\n  finetune.probe: [true, false]\n", "probe")])   # was "resolve to the same config"
+@pytest.mark.parametrize(
+    "varies, field",
+    [
+        # with another pre-training setting: two runs, the second's fine-tune rows were silently dropped
+        (
+            "runs:\n  - {label: a}\n  - {label: b, set: {masking.rate: 0.3, finetune.pooling: mean}}\n",
+            "pooling",
+        ),
+        # one at a time: the lr levels were merged into the base point, the factor silently gone
+        ("design: one_at_a_time\nfactors:\n  finetune.lr: [1.0e-4, 2.0e-4]\n  masking.rate: [0.3]\n", "lr"),
+        ("factors:\n  finetune.probe: [true, false]\n", "probe"),
+    ],
+)  # was "resolve to the same config"
 def test_runs_fine_tuned_with_other_recipes_are_refused(tmp_path, capsys, varies, field):
     """The plan holds one finetune_hash and the aggregate reads results under it only: a spec whose runs
     differ in a fine-tuning setting lost the other runs' fine-tune rows without a word (before)."""
@@ -547,6 +665,7 @@ def test_a_profile_name_that_leaves_the_results_folder_is_refused(tmp_path, caps
     """`profiles: {/../../../esc: ...}` validated and `aggregate --profile` wrote outside --results; an
     unquoted `--profile "my prof"` went into dvc.yaml's commands. Both exit 2 naming the field now."""
     from study.paths import Layout
+
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
     spec = write(work, f"name: t\nprofiles:\n  /../../../esc: {{train.amount: 5}}\n{SMALL}")
@@ -555,8 +674,21 @@ def test_a_profile_name_that_leaves_the_results_folder_is_refused(tmp_path, caps
     before = _tree(tmp_path)
     assert main(["validate", str(spec)]) == 2
     assert "profiles./../../../esc:" in capsys.readouterr().err
-    assert main(["--results", str(results), "--reports", str(reports), "aggregate", str(spec),
-                 "--profile", "/../../../esc"]) == 2
+    assert (
+        main(
+            [
+                "--results",
+                str(results),
+                "--reports",
+                str(reports),
+                "aggregate",
+                str(spec),
+                "--profile",
+                "/../../../esc",
+            ]
+        )
+        == 2
+    )
     assert "--profile:" in capsys.readouterr().err
     assert main(["--results", str(results), "validate", str(ok), "--profile", "my prof"]) == 2
     assert "--profile:" in capsys.readouterr().err
@@ -581,8 +713,11 @@ NON_FINITE = {
     "weight_decay_inf": ("  train: {weight_decay: .inf}", "train.weight_decay", "a finite number >= 0"),
     "lr_nan": ("  train: {lr: .nan}", "train.lr", "a finite number > 0 and <= 1"),
     "factor_level_inf": ("factors:\n  masking.rate: [0.1, -.inf]", "masking.rate", "a finite number"),
-    "search_high_inf": ("search: {params: {masking.rate: {low: 0.1, high: .inf}}}",
-                        "search.params.masking.rate.high", "a finite number"),
+    "search_high_inf": (
+        "search: {params: {masking.rate: {low: 0.1, high: .inf}}}",
+        "search.params.masking.rate.high",
+        "a finite number",
+    ),
 }
 
 
@@ -598,42 +733,70 @@ def test_a_non_finite_number_is_refused_naming_the_field(tmp_path, capsys, case)
     assert not results.exists()
 
 
-@pytest.mark.parametrize("text, field", [
-    ("  seed: 3\n", "defaults.seed"),
-    ("profiles:\n  cpu: {seed: 3}\n", "profiles.cpu.seed"),
-    ("runs:\n  - {label: a, set: {seed: 3}}\n", "runs[0].set.seed")])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("  seed: 3\n", "defaults.seed"),
+        ("profiles:\n  cpu: {seed: 3}\n", "profiles.cpu.seed"),
+        ("runs:\n  - {label: a, set: {seed: 3}}\n", "runs[0].set.seed"),
+    ],
+)
 def test_a_seed_outside_seeds_is_refused(tmp_path, capsys, text, field):
     """A `seed` anywhere but `seeds:` was overwritten by it without a word (factors.seed already failed)."""
     err = _rejects(tmp_path, capsys, f"name: t\n{SMALL}{text}", field)
     assert "the spec's `seeds:` list" in err, err
 
 
-@pytest.mark.parametrize("profile, field", [("{model.layerz: 3}", "profiles.cpu.model.layerz"),
-                                            ("{model.layers: 0}", "profiles.cpu.model.layers")])
+@pytest.mark.parametrize(
+    "profile, field",
+    [("{model.layerz: 3}", "profiles.cpu.model.layerz"), ("{model.layers: 0}", "profiles.cpu.model.layers")],
+)
 def test_validate_without_a_profile_checks_every_profile(tmp_path, capsys, profile, field):
     """`validate` without --profile reported ok for a spec whose cpu profile could never build a run."""
-    err = _rejects(tmp_path, capsys, f"name: t\n{SMALL}profiles:\n  gpu: {{}}\n  cpu: {profile}\n", f"{field}:")
+    err = _rejects(
+        tmp_path, capsys, f"name: t\n{SMALL}profiles:\n  gpu: {{}}\n  cpu: {profile}\n", f"{field}:"
+    )
     assert "did you mean 'model.layers'" in err or "an integer >= 1 and <= 48" in err, err
 
 
 def test_validate_checks_the_shipped_profiles_without_their_corpus_files(tmp_path, monkeypatch, capsys):
     """The profile sweep reads no corpus file (the cpu profiles' ../shared/data is absent on CI)."""
     monkeypatch.chdir(tmp_path)
-    assert main(["validate", *map(str, sorted((REPO / "ablations").glob("*.yaml")))]) == 0, capsys.readouterr().err
+    assert main(["validate", *map(str, sorted((REPO / "ablations").glob("*.yaml")))]) == 0, (
+        capsys.readouterr().err
+    )
 
 
 MESSAGES = {  # (spec text, what the message must say)
-    "report_key": ("report: {primary_metrc: ref_ppl}", ["report.primary_metrc:", "did you mean 'report.primary_metric'",
-                                                        "allowed: kind, primary_metric, x, hue, compare, references"]),
-    "search_key": ("search: {params: {masking.rate: {loww: 0.1, high: 0.2}}}",
-                   ["did you mean 'search.params.masking.rate.low'", "allowed: type, low, high, step, log, choices"]),
-    "corpus_key": ("defaults:\n  corpus: {sources: [{kind: text, pathh: x}]}",
-                   ["did you mean 'corpus.sources.0.path'", "allowed: kind, path, name"]),
-    "top_key": ("factr: {}", ["did you mean 'factors'", "allowed: name, question, base, defaults, factors, design, "
-                              "runs, seeds, profiles, report, search)"]),
+    "report_key": (
+        "report: {primary_metrc: ref_ppl}",
+        [
+            "report.primary_metrc:",
+            "did you mean 'report.primary_metric'",
+            "allowed: kind, primary_metric, x, hue, compare, references",
+        ],
+    ),
+    "search_key": (
+        "search: {params: {masking.rate: {loww: 0.1, high: 0.2}}}",
+        ["did you mean 'search.params.masking.rate.low'", "allowed: type, low, high, step, log, choices"],
+    ),
+    "corpus_key": (
+        "defaults:\n  corpus: {sources: [{kind: text, pathh: x}]}",
+        ["did you mean 'corpus.sources.0.path'", "allowed: kind, path, name"],
+    ),
+    "top_key": (
+        "factr: {}",
+        [
+            "did you mean 'factors'",
+            "allowed: name, question, base, defaults, factors, design, "
+            "runs, seeds, profiles, report, search)",
+        ],
+    ),
     "both_bounds": ("defaults:\n  masking: {rate: 0}", ["masking.rate:", "allowed: a number > 0 and < 1"]),
-    "equal_levels": ("factors:\n  model.layers: [1, 1.0]", ["factors.model.layers:", "equal once resolved",
-                                                          "allowed: distinct values"]),
+    "equal_levels": (
+        "factors:\n  model.layers: [1, 1.0]",
+        ["factors.model.layers:", "equal once resolved", "allowed: distinct values"],
+    ),
 }
 
 

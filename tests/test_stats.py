@@ -2,6 +2,7 @@
 
 The coverage table printed by `test_coverage_by_simulation` (run with -s) is the one in docs/STATISTICS.md.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,9 +59,11 @@ def test_same_paired_difference_in_every_seed_is_no_test(n):
         iv = S.paired_interval(b, a_)
         assert np.isnan(iv.p) and np.isnan(iv.low) and np.isnan(iv.high) and not iv.excludes_zero, iv
         assert iv.method == S.SAME_DIFF and iv.n == n and iv.estimate == pytest.approx(d)
-    zero = S.paired_interval(a.copy(), a)   # no difference in any seed: the exact [0, 0], p = 1
+    zero = S.paired_interval(a.copy(), a)  # no difference in any seed: the exact [0, 0], p = 1
     assert (zero.estimate, zero.low, zero.high, zero.p, zero.method) == (0, 0, 0, 1.0, "exact (zero spread)")
-    assert S.paired_interval(a + 1e-9 * np.arange(n), a).method != S.SAME_DIFF   # a real, tiny spread is tested
+    assert (
+        S.paired_interval(a + 1e-9 * np.arange(n), a).method != S.SAME_DIFF
+    )  # a real, tiny spread is tested
     # in a Holm family the untested row is never rejected, keeps a NaN adjusted p, and does not count in m
     p = [0.01, S.paired_interval(a + 0.3, a).p, 0.02]
     assert np.allclose(S.holm(p), [0.02, np.nan, 0.02], equal_nan=True)
@@ -71,17 +74,20 @@ def test_welch_with_no_spread_on_either_side_is_no_test():
     """A random-init baseline stuck at the majority class on every seed beside pre-trained runs that all
     score the same: se = 0 used to give p = 0, "beyond seed noise". Now no test, unless the means agree."""
     iv = S.welch_interval([0.8, 0.8, 0.8], [0.7, 0.7, 0.7])
-    assert np.isnan(iv.p) and np.isnan(iv.low) and iv.method == S.NO_SPREAD and iv.estimate == pytest.approx(0.1)
+    assert (
+        np.isnan(iv.p) and np.isnan(iv.low) and iv.method == S.NO_SPREAD and iv.estimate == pytest.approx(0.1)
+    )
     same = S.welch_interval([0.7, 0.7, 0.7], [0.7, 0.7, 0.7])
     assert (same.low, same.high, same.p) == (0.0, 0.0, 1.0)
-    assert np.isfinite(S.welch_interval([0.8, 0.81, 0.8], [0.7, 0.7, 0.7]).p)   # one side varies: a test
+    assert np.isfinite(S.welch_interval([0.8, 0.81, 0.8], [0.7, 0.7, 0.7]).p)  # one side varies: a test
 
 
 def test_bca_matches_scipy_from_the_threshold():
     x = np.random.default_rng(3).exponential(size=S.BOOTSTRAP_MIN_N)
     iv = S.mean_interval(x)
-    ref = stats.bootstrap((x,), np.mean, method="BCa", n_resamples=S.N_RESAMPLES,
-                          random_state=np.random.default_rng(0)).confidence_interval
+    ref = stats.bootstrap(
+        (x,), np.mean, method="BCa", n_resamples=S.N_RESAMPLES, random_state=np.random.default_rng(0)
+    ).confidence_interval
     assert iv.method.startswith("BCa") and (iv.low, iv.high) == pytest.approx((ref.low, ref.high), abs=0.01)
     assert S.mean_interval(x[:-1]).method == f"t on {S.BOOTSTRAP_MIN_N - 2} df"
 
@@ -199,12 +205,21 @@ def test_coverage_by_simulation():
             if cov[n] < floor:
                 fails.append((name, n, cov[n], floor))
         rows.append((name, cov, boot, floor))
-    print(f"\ncoverage of nominal 95% intervals, {REPS} replicates per cell (old: percentile bootstrap, 4000)")
-    print(f"{'data':32} {'t n=3':>7} {'t n=5':>7} {'t n=10':>7} | {'old n=3':>7} {'old n=5':>7} {'old n=10':>8}"
-          f" | floor")
+    print(
+        f"\ncoverage of nominal 95% intervals, {REPS} replicates per cell (old: percentile bootstrap, 4000)"
+    )
+    print(
+        f"{'data':32} {'t n=3':>7} {'t n=5':>7} {'t n=10':>7} | {'old n=3':>7} {'old n=5':>7} {'old n=10':>8}"
+        f" | floor"
+    )
     for name, cov, boot, floor in rows:
-        print(f"{name:32} " + " ".join(f"{cov[n]:7.3f}" for n in (3, 5, 10)) + " | "
-              + " ".join(f"{boot[n]:7.3f}" for n in (3, 5, 10)) + f"  | {floor:.2f}")
+        print(
+            f"{name:32} "
+            + " ".join(f"{cov[n]:7.3f}" for n in (3, 5, 10))
+            + " | "
+            + " ".join(f"{boot[n]:7.3f}" for n in (3, 5, 10))
+            + f"  | {floor:.2f}"
+        )
     assert not fails, fails
     # the reason for the change: at n=3 the percentile bootstrap covers far below 95% even for normal data
     assert rows[0][2][3] < 0.85
@@ -213,6 +228,7 @@ def test_coverage_by_simulation():
 def test_no_private_statistics_left_in_aggregate():
     """The aggregate computes no interval of its own any more: every interval comes from this module."""
     from study.report import aggregate
+
     assert not hasattr(aggregate, "bootstrap_ci") and not hasattr(aggregate, "bootstrap_diff_ci")
 
 
@@ -241,5 +257,5 @@ def test_detect_refuses_an_effect_wider_than_the_metric():
             S.detect_plan(text, sd=0.01, measured=None, bounded=True)
         assert e.value.field == "--detect" and "at most 100pp" in e.value.allowed
     assert S.detect_plan("100pp", sd=0.01, measured=None, bounded=True)["seeds"]
-    assert S.detect_plan("150pp", sd=0.01, measured=None, bounded=True, span=2.0)["seeds"]   # a correlation
-    assert S.detect_plan("200", sd=1.0, measured=None, bounded=False)["seeds"]   # unbounded: any size
+    assert S.detect_plan("150pp", sd=0.01, measured=None, bounded=True, span=2.0)["seeds"]  # a correlation
+    assert S.detect_plan("200", sd=1.0, measured=None, bounded=False)["seeds"]  # unbounded: any size

@@ -3,6 +3,7 @@
 Fast: specs in a temporary folder, the pipeline document only (no DVC, no training); the end-to-end
 pipeline is tests/test_pipeline.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,11 +23,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _spec(name: str, **defaults) -> str:
-    doc = {"name": name, "question": "q?",
-           "defaults": {"corpus": {"sources": ["text:corpus"]}, "tokenizer": {"vocab_size": 128, "min_frequency": 1},
-                        "model": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_positions": 32},
-                        "objective": {"max_seq_len": 32}, "finetune": {"tasks": ["SST-2"], "max_length": 32}},
-           "seeds": [0]}
+    doc = {
+        "name": name,
+        "question": "q?",
+        "defaults": {
+            "corpus": {"sources": ["text:corpus"]},
+            "tokenizer": {"vocab_size": 128, "min_frequency": 1},
+            "model": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_positions": 32},
+            "objective": {"max_seq_len": 32},
+            "finetune": {"tasks": ["SST-2"], "max_length": 32},
+        },
+        "seeds": [0],
+    }
     for section, values in defaults.items():
         doc["defaults"].setdefault(section, {}).update(values)
     return yaml.safe_dump(doc, sort_keys=False)
@@ -39,7 +47,9 @@ def repo(tmp_path: Path, monkeypatch) -> Path:
     root = tmp_path / "repo"
     (root / "ablations").mkdir(parents=True)
     (root / "corpus").mkdir()
-    (root / "corpus" / "a.txt").write_text("The cat sat on the mat. The dog ran.\n\nA bird flew over a tree.\n")
+    (root / "corpus" / "a.txt").write_text(
+        "The cat sat on the mat. The dog ran.\n\nA bird flew over a tree.\n"
+    )
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "b.txt").write_text("Red apples are sweet. Green ones are sour.\n")
     monkeypatch.chdir(root)
@@ -52,8 +62,13 @@ def test_data_stages_depend_on_the_corpus_they_read_and_study_stages_not_on_glue
     study stage: on a fresh machine without them `make smoke` must run (the report says the task was
     skipped), where a missing dependency would fail the stage."""
     abl = repo / "ablations"
-    (abl / "a.yaml").write_text(_spec("a", corpus={"sources": ["text:corpus", "text:../elsewhere/b.txt"]},
-                                      finetune={"tasks": ["SST-2", "MRPC"], "glue_dir": "../glue"}))
+    (abl / "a.yaml").write_text(
+        _spec(
+            "a",
+            corpus={"sources": ["text:corpus", "text:../elsewhere/b.txt"]},
+            finetune={"tasks": ["SST-2", "MRPC"], "glue_dir": "../glue"},
+        )
+    )
     (abl / "h.yaml").write_text(_spec("h", finetune={"tasks": ["SST-2"], "glue_dir": "hub"}))
     doc = runs_document(abl, [("a", None), ("h", None)])
     stages = pipeline_document(doc)["stages"]
@@ -72,13 +87,21 @@ def test_the_search_stage_depends_on_what_the_study_stage_reads(repo: Path):
     doc = yaml.safe_load(_spec("s", finetune={"glue_dir": "../glue"}))
     doc["base"] = "base/common.yaml"
     doc["profiles"] = {"cpu": {"train.amount": 9}}
-    doc["search"] = {"objective": "SST-2/finetune/accuracy", "n_trials": 2, "params": {"masking.rate": [0.1, 0.2]}}
+    doc["search"] = {
+        "objective": "SST-2/finetune/accuracy",
+        "n_trials": 2,
+        "params": {"masking.rate": [0.1, 0.2]},
+    }
     (abl / "s.yaml").write_text(yaml.safe_dump(doc))
     runs = runs_document(abl, [("s", "cpu")])
     stages = pipeline_document(runs)["stages"]
     (dh,) = runs["studies"]["s-cpu"]["data"]
-    assert stages["search-s-cpu"]["deps"] == ["ablations/s.yaml", "ablations/base/common.yaml",
-                                              f"pipeline/data-{dh}.json", "pipeline/code-search.json"]
+    assert stages["search-s-cpu"]["deps"] == [
+        "ablations/s.yaml",
+        "ablations/base/common.yaml",
+        f"pipeline/data-{dh}.json",
+        "pipeline/code-search.json",
+    ]
     study_deps = stages["study-s-cpu"]["deps"]
     assert study_deps[:3] == stages["search-s-cpu"]["deps"][:3] and "pipeline/code-study.json" in study_deps
 
@@ -123,7 +146,11 @@ def _imported(root: str, skip: set[str]) -> set[str]:
             continue
         seen.add(name)
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("study"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.level == 0
+                and (node.module or "").startswith("study")
+            ):
                 todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 todo += [a.name for a in node.names if a.name.startswith("study")]
@@ -133,12 +160,20 @@ def _imported(root: str, skip: set[str]) -> set[str]:
 def _files_loaded(modules: list[str], then: str = "") -> list[str]:
     """The repo-relative files of every `study.*` module loaded in a fresh interpreter that imports
     `modules` and runs `then`."""
-    code = ("import importlib, json, sys\n"
-            f"for m in {modules!r}:\n    importlib.import_module(m)\n{then}"
-            "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
-            "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n{then}"
+        "print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()\n"
+        "                        if n.split('.')[0] == 'study' and getattr(m, '__file__', None))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [Path(f).resolve().relative_to(REPO).as_posix() for f in json.loads(proc.stdout.splitlines()[-1])]
 
@@ -222,12 +257,14 @@ def test_selecting_a_selected_study_changes_nothing(repo: Path, capsys):
 def test_select_refuses_a_profile_that_needs_quoting(repo: Path, capsys):
     """`select a --profile "my prof"` would put an unquoted `--profile my prof` into dvc.yaml's commands."""
     args = _selected(repo, "a")
-    (repo / "ablations" / "b.yaml").write_text(_spec("b").replace("seeds:", "profiles:\n  my prof: {}\nseeds:"))
+    (repo / "ablations" / "b.yaml").write_text(
+        _spec("b").replace("seeds:", "profiles:\n  my prof: {}\nseeds:")
+    )
     before = _files(repo)
     for argv in (["select", "a", "--profile", "my prof"], ["select", "a@my prof"]):
         assert study_main([*argv, *args]) == 2
         assert "--profile:" in capsys.readouterr().err
-    assert study_main(["select", "b", *args]) == 2   # nor can a spec define such a profile
+    assert study_main(["select", "b", *args]) == 2  # nor can a spec define such a profile
     assert "profiles.my prof:" in capsys.readouterr().err
     assert _files(repo) == before
 
@@ -239,6 +276,7 @@ def test_a_stamp_sees_a_same_size_rewrite_whose_mtime_was_restored(tmp_path):
     import os
     import time
     from study.studies.sync import _Digests
+
     root, cache = tmp_path / "run", tmp_path / "cache.json"
     root.mkdir()
     f = root / "metrics.json"
@@ -248,7 +286,7 @@ def test_a_stamp_sees_a_same_size_rewrite_whose_mtime_was_restored(tmp_path):
     before = first.tree(root)
     first.save()
     time.sleep(0.01)
-    f.write_text("bbbb")                                    # same size
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))       # mtime restored, as `cp -p` does
+    f.write_text("bbbb")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime restored, as `cp -p` does
     assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
     assert _Digests(cache).tree(root)["digest"] != before["digest"]

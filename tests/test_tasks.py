@@ -1,5 +1,6 @@
 """GLUE readers and metrics: metrics agree with scikit-learn/scipy, every GLUE file quirk is read, bad
 files raise StudyError naming file and line, and the real GLUE folder loads with its documented counts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,15 +34,16 @@ def test_multiclass_and_logits():
     m = compute_metrics("MNLI", logits, gold)
     assert m["accuracy"] == pytest.approx(skm.accuracy_score(gold, logits.argmax(1)))
     from study.downstream.tasks import _mcc
+
     assert _mcc(logits.argmax(1), gold, 3) == pytest.approx(skm.matthews_corrcoef(gold, logits.argmax(1)))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_regression_metrics_match_scipy(seed):
     rng = np.random.default_rng(seed)
-    gold = np.round(rng.uniform(0, 5, 250) * 4) / 4          # many ties, as in STS-B
+    gold = np.round(rng.uniform(0, 5, 250) * 4) / 4  # many ties, as in STS-B
     pred = gold + rng.normal(0, 1.2, 250)
-    pred[:40] = np.round(pred[:40])                           # ties in the predictions too
+    pred[:40] = np.round(pred[:40])  # ties in the predictions too
     m = compute_metrics("STS-B", pred, gold)
     assert m["pearson"] == pytest.approx(stats.pearsonr(pred, gold)[0], abs=1e-10)
     assert m["spearman"] == pytest.approx(stats.spearmanr(pred, gold)[0], abs=1e-10)
@@ -69,6 +71,7 @@ def test_metric_input_errors():
 def test_config_task_names_match_the_registry():
     # config.py validates spec task names against GLUE_TASKS; a task added here must be added there
     from study.config import GLUE_TASKS
+
     assert tuple(GLUE_TASKS) == tuple(TASKS)
 
 
@@ -90,16 +93,20 @@ def write(path, text: str, bom: bool = False):
 
 def test_readers_handle_glue_quirks(tmp_path):
     g = tmp_path / "glue"
-    write(g / "SST-2/train.tsv", "sentence\tlabel\nit 's \" fine \" .\t1\nbad movie \t0\n")
+    write(g / "SST-2/train.tsv", 'sentence\tlabel\nit \'s " fine " .\t1\nbad movie \t0\n')
     write(g / "SST-2/test.tsv", "index\tsentence\n0\tsome text\n")
     # CoLA: train/dev without header, test with one; dev without final newline as shipped
     write(g / "CoLA/dev.tsv", "gj04\t1\t\tThe sailors rode.\ngj04\t0\t*\tRode sailors the.")
     write(g / "CoLA/test.tsv", "index\tsentence\n0\tBill whistled.\n")
-    write(g / "MRPC/train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA .\tB .\r\n", bom=True)
+    write(
+        g / "MRPC/train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA .\tB .\r\n", bom=True
+    )
     cols = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
     write(g / "STS-B/dev.tsv", f"{cols}\tscore\n0\tg\tf\t2012\t0\tnone\tnone\tA man.\tA person.\t3.800\n")
-    write(g / "MNLI/dev_matched.tsv", "index\tsentence1\tsentence2\tlabel1\tgold_label\n"
-                                      "0\tP .\tH .\tneutral\tcontradiction\n")
+    write(
+        g / "MNLI/dev_matched.tsv",
+        "index\tsentence1\tsentence2\tlabel1\tgold_label\n0\tP .\tH .\tneutral\tcontradiction\n",
+    )
     sst = load_task("SST-2", g, "train")
     assert sst.text_a == ['it \'s " fine " .', "bad movie "] and sst.text_b is None
     assert sst.labels.tolist() == [1, 0] and sst.labels.dtype == np.int64
@@ -107,21 +114,24 @@ def test_readers_handle_glue_quirks(tmp_path):
     cola = load_task("CoLA", g, "dev")
     assert cola.text_a == ["The sailors rode.", "Rode sailors the."] and cola.labels.tolist() == [1, 0]
     assert load_task("CoLA", g, "test").text_a == ["Bill whistled."]
-    mrpc = load_task("MRPC", g, "train")      # BOM stripped, so "Quality" is found; CRLF tolerated
+    mrpc = load_task("MRPC", g, "train")  # BOM stripped, so "Quality" is found; CRLF tolerated
     assert (mrpc.text_a, mrpc.text_b, mrpc.labels.tolist()) == (["A ."], ["B ."], [1])
     sts = load_task("STS-B", g, "dev")
     assert sts.labels.dtype == np.float32 and sts.labels.tolist() == [pytest.approx(3.8)]
     assert (sts.text_a, sts.text_b) == (["A man."], ["A person."])
-    mnli = load_task("MNLI", g, "dev")        # dev = dev_matched.tsv; label = gold_label, not label1
+    mnli = load_task("MNLI", g, "dev")  # dev = dev_matched.tsv; label = gold_label, not label1
     assert mnli.labels.tolist() == [2] and get_task("MNLI").labels[2] == "contradiction"
 
 
-@pytest.mark.parametrize("content,line,needle", [
-    ("sentence\tlabel\ngood\t1\nbad\t0\textra\n", 3, "extra columns"),
-    ("sentence\tlabel\ngood\t1\nno label here\n", 3, "missing columns"),
-    ("sentence\tlabel\ngood\t1\nbad\t2\n", 3, "label '2'"),
-    ("sentence\tlabel\ngood\tpositive\n", 2, "label 'positive'"),
-])
+@pytest.mark.parametrize(
+    "content,line,needle",
+    [
+        ("sentence\tlabel\ngood\t1\nbad\t0\textra\n", 3, "extra columns"),
+        ("sentence\tlabel\ngood\t1\nno label here\n", 3, "missing columns"),
+        ("sentence\tlabel\ngood\t1\nbad\t2\n", 3, "label '2'"),
+        ("sentence\tlabel\ngood\tpositive\n", 2, "label 'positive'"),
+    ],
+)
 def test_bad_rows_name_file_and_line(tmp_path, content, line, needle):
     p = write(tmp_path / "SST-2/train.tsv", content)
     with pytest.raises(StudyError) as e:
@@ -159,6 +169,7 @@ def test_bad_headers_and_scores(tmp_path):
 def test_hub_path_maps_columns_and_labels(monkeypatch):
     """The hub code path, with `datasets.load_dataset` replaced (no internet here)."""
     import datasets
+
     calls = []
 
     def fake(name, config, split):
@@ -177,6 +188,7 @@ def test_hub_path_maps_columns_and_labels(monkeypatch):
 
     def offline(*a, **k):
         raise ConnectionError("offline")
+
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(StudyError, match="cannot load hf:nyu-mll/glue@cola:train"):
         load_task("CoLA", "hub", "train")
@@ -185,14 +197,26 @@ def test_hub_path_maps_columns_and_labels(monkeypatch):
 # --------------------------------------------------------------------------- the real GLUE folder
 # rows and label counts from ../shared/data/PROVENANCE.md (label counts in TaskSpec.labels order)
 REAL = {
-    ("SST-2", "train"): (67349, [29780, 37569]), ("SST-2", "dev"): (872, [428, 444]),
+    ("SST-2", "train"): (67349, [29780, 37569]),
+    ("SST-2", "dev"): (872, [428, 444]),
     ("SST-2", "test"): (1821, None),
-    ("CoLA", "train"): (8551, [2528, 6023]), ("CoLA", "dev"): (1043, [322, 721]), ("CoLA", "test"): (1063, None),
-    ("MRPC", "train"): (3668, [1194, 2474]), ("MRPC", "dev"): (408, [129, 279]), ("MRPC", "test"): (1725, None),
-    ("QNLI", "dev"): (5463, [2702, 2761]), ("QNLI", "test"): (5463, None),
-    ("RTE", "train"): (2490, [1249, 1241]), ("RTE", "dev"): (277, [146, 131]), ("RTE", "test"): (3000, None),
-    ("STS-B", "train"): (5749, "0-5"), ("STS-B", "dev"): (1500, "0-5"), ("STS-B", "test"): (1379, None),
-    ("WNLI", "train"): (635, [323, 312]), ("WNLI", "dev"): (71, [40, 31]), ("WNLI", "test"): (146, None),
+    ("CoLA", "train"): (8551, [2528, 6023]),
+    ("CoLA", "dev"): (1043, [322, 721]),
+    ("CoLA", "test"): (1063, None),
+    ("MRPC", "train"): (3668, [1194, 2474]),
+    ("MRPC", "dev"): (408, [129, 279]),
+    ("MRPC", "test"): (1725, None),
+    ("QNLI", "dev"): (5463, [2702, 2761]),
+    ("QNLI", "test"): (5463, None),
+    ("RTE", "train"): (2490, [1249, 1241]),
+    ("RTE", "dev"): (277, [146, 131]),
+    ("RTE", "test"): (3000, None),
+    ("STS-B", "train"): (5749, "0-5"),
+    ("STS-B", "dev"): (1500, "0-5"),
+    ("STS-B", "test"): (1379, None),
+    ("WNLI", "train"): (635, [323, 312]),
+    ("WNLI", "dev"): (71, [40, 31]),
+    ("WNLI", "test"): (146, None),
 }
 
 

@@ -1,6 +1,7 @@
 """The pre-training trainer on a tiny synthetic corpus: run folder, skip-if-done, schedule, bitwise resume
 after SIGKILL and SIGTERM, checkpoints by steps and by time, damaged checkpoints, divergence found at the
 log-window sync, loss-neutral impl settings (static shapes, compile: slow), config errors, DDP (slow)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,20 @@ from study.rundir import RunDir
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 # metrics that depend only on the config (not on timing): these must be bitwise equal across resumes
-EXACT = ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc", "tokens_seen", "steps", "params",
-         "positions_computed", "masked_seen", "final_loss", "ref_sequences", "ref_masked")
+EXACT = (
+    "ref_mlm_loss",
+    "ref_mlm_acc",
+    "ref_ppl",
+    "sentence_acc",
+    "tokens_seen",
+    "steps",
+    "params",
+    "positions_computed",
+    "masked_seen",
+    "final_loss",
+    "ref_sequences",
+    "ref_masked",
+)
 
 
 def _corpus_text(n_docs: int = 60, seed: int = 0) -> str:
@@ -72,6 +85,7 @@ def data_dir(corpus, tmp_path_factory) -> Path:
     separate prepare_data calls would not give the same ids (reported to the tokenizer owner).
     """
     from study.data.prepare import prepare_data
+
     cfg = make_cfg(corpus)
     return prepare_data(cfg, Layout(root=tmp_path_factory.mktemp("data")), progress=False).dir
 
@@ -79,21 +93,27 @@ def data_dir(corpus, tmp_path_factory) -> Path:
 @pytest.fixture
 def layout(data_dir, tmp_path):
     """layout("name") -> a fresh Layout under tmp_path holding a copy of the shared data folder."""
+
     def make(name: str) -> Layout:
         lay = Layout(root=tmp_path / name)
         shutil.copytree(data_dir, lay.data_dir(data_dir.name))
         return lay
+
     return make
 
 
 def make_cfg(corpus: Path, **over) -> RunConfig:
-    d = {"corpus": {"sources": [{"kind": "text", "path": str(corpus)}], "valid_fraction": 0.15},
-         "tokenizer": {"vocab_size": 400},
-         "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 32},
-         "model": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64},
-         "train": {"amount": 30, "batch_size": 8, "lr": 2e-3, "eval_sequences": 32},
-         "finetune": {"max_length": 64},  # within model.max_positions (RunConfig checks it); not in the run hash
-         "impl": {"threads": 1, "log_every": 1, "checkpoint_every": 10, "progress": False}}
+    d = {
+        "corpus": {"sources": [{"kind": "text", "path": str(corpus)}], "valid_fraction": 0.15},
+        "tokenizer": {"vocab_size": 400},
+        "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 32},
+        "model": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64},
+        "train": {"amount": 30, "batch_size": 8, "lr": 2e-3, "eval_sequences": 32},
+        "finetune": {
+            "max_length": 64
+        },  # within model.max_positions (RunConfig checks it); not in the run hash
+        "impl": {"threads": 1, "log_every": 1, "checkpoint_every": 10, "progress": False},
+    }
     for key, value in over.items():
         section, _, name = key.partition("__")
         d.setdefault(section, {})[name] = value
@@ -122,6 +142,7 @@ def losses(run_dir: Path) -> list[float]:
 
 def weights(run_dir: Path) -> dict:
     from safetensors.torch import load_file
+
     return load_file(run_dir / "model" / "model.safetensors")
 
 
@@ -140,14 +161,17 @@ def metrics(run_dir: Path) -> dict:
 def test_schedule_shapes(corpus):
     lin = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.1, train__lr=1.0))
     assert len(lin) == 100
-    assert lin[0] == pytest.approx(0.1) and lin[9] == pytest.approx(1.0)      # linear warmup over 10 steps
-    assert np.all(np.diff(lin[:10]) > 0) and np.all(np.diff(lin[10:]) < 0)    # then strictly down
+    assert lin[0] == pytest.approx(0.1) and lin[9] == pytest.approx(1.0)  # linear warmup over 10 steps
+    assert np.all(np.diff(lin[:10]) > 0) and np.all(np.diff(lin[10:]) < 0)  # then strictly down
     assert lin[10] == pytest.approx(1.0) and lin[-1] == pytest.approx(1 / 90)  # linear to ~0
-    cos = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.1, train__lr=1.0, train__schedule="cosine"))
-    assert cos[55] == pytest.approx(0.5)                                       # half way through the decay
-    assert cos[30] > lin[30] and cos[80] < lin[80]                             # cosine: above, then below
-    const = lr_curve(make_cfg(corpus, train__amount=100, train__warmup=0.0, train__lr=1.0,
-                              train__schedule="constant"))
+    cos = lr_curve(
+        make_cfg(corpus, train__amount=100, train__warmup=0.1, train__lr=1.0, train__schedule="cosine")
+    )
+    assert cos[55] == pytest.approx(0.5)  # half way through the decay
+    assert cos[30] > lin[30] and cos[80] < lin[80]  # cosine: above, then below
+    const = lr_curve(
+        make_cfg(corpus, train__amount=100, train__warmup=0.0, train__lr=1.0, train__schedule="constant")
+    )
     assert set(const) == {1.0}
 
 
@@ -160,8 +184,15 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     seen = []
     m = train_run(cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: seen.append((step, tokens, ev)))
     run = lay.run_dir(cfg.run_hash())
-    assert {p.name for p in run.iterdir()} >= {"config.json", "meta.json", "status.json", "history.jsonl",
-                                               "metrics.json", "model", "checkpoints"}
+    assert {p.name for p in run.iterdir()} >= {
+        "config.json",
+        "meta.json",
+        "status.json",
+        "history.jsonl",
+        "metrics.json",
+        "model",
+        "checkpoints",
+    }
     assert json.loads((run / "status.json").read_text()) == {"status": "done", "error": None, "step": 30}
     # status.json is written last
     others = [p.stat().st_mtime_ns for p in run.iterdir() if p.is_file() and p.name != "status.json"]
@@ -170,8 +201,19 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     meta = json.loads((run / "meta.json").read_text())
     assert meta["run_hash"] == cfg.run_hash() and meta["data_hash"] == cfg.data_hash()
     assert meta["device"] == "cpu" and meta["params"] == m["params"] > 0 and "git" in meta["provenance"]
-    for key in ("ref_mlm_loss", "ref_mlm_acc", "ref_ppl", "sentence_acc", "tokens_seen", "steps", "tokens_per_s",
-                "mfu", "params", "wall_s", "peak_flops"):
+    for key in (
+        "ref_mlm_loss",
+        "ref_mlm_acc",
+        "ref_ppl",
+        "sentence_acc",
+        "tokens_seen",
+        "steps",
+        "tokens_per_s",
+        "mfu",
+        "params",
+        "wall_s",
+        "peak_flops",
+    ):
         assert m[key] is not None, key
     assert m["steps"] == 30 and m["ref_ppl"] == pytest.approx(np.exp(m["ref_mlm_loss"]))
     assert 0 < m["mfu"] < 1 and m["peak_flops"] > 1e9 and 0 <= m["sentence_acc"] <= 1
@@ -200,7 +242,9 @@ def test_run_folder_history_and_hf_loading(corpus, layout, tmp_path, monkeypatch
     assert long["input_ids"].shape[1] == cfg.model.max_positions
     assert mlm(**long).logits.shape[1] == cfg.model.max_positions
     # a second call trains nothing and returns the same metrics
-    monkeypatch.setattr("study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("trained a finished run"))
+    monkeypatch.setattr(
+        "study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("trained a finished run")
+    )
     assert train_run(cfg, lay, quiet=True) == m
 
 
@@ -219,22 +263,32 @@ def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, l
     res = rescore_run(cfg, lay)
     assert res.ok and res.added == ["ref_mode_acc"], res
     assert res.deviation["ref_mlm_loss"] < 1e-6 and res.deviation["ref_masked"] == 0
-    assert metrics(run) == {**old, "ref_mode_acc": full["ref_mode_acc"]}  # the value training would have written
+    assert metrics(run) == {
+        **old,
+        "ref_mode_acc": full["ref_mode_acc"],
+    }  # the value training would have written
     assert [r["added"] for r in json.loads((run / "meta.json").read_text())["rescores"]] == [["ref_mode_acc"]]
     assert rescore_run(cfg, lay).added == []  # up to date: nothing written again
     assert len(json.loads((run / "meta.json").read_text())["rescores"]) == 1
     # scored on the run's own impl.threads (the thread count moves the loss), as training was: it ignored it
     import study.pretrain.rescore as rescore_mod
     from study.runtime import threads
+
     seen, real = [], rescore_mod.evaluate
-    monkeypatch.setattr(rescore_mod, "evaluate", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    monkeypatch.setattr(
+        rescore_mod, "evaluate", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k)
+    )
     with threads(2 if torch.get_num_threads() == 1 else 1):
         rescore_run(cfg.model_copy(update={"impl": cfg.impl.model_copy(update={"threads": 3})}), lay)
     assert seen == [3]
     monkeypatch.undo()
 
     # stored scores that the saved model does not give back: reported, nothing written
-    bad = {**old, "ref_mlm_loss": old["ref_mlm_loss"] * 1.01, "sentence_acc": (old["sentence_acc"] + 0.5) % 1.0}
+    bad = {
+        **old,
+        "ref_mlm_loss": old["ref_mlm_loss"] * 1.01,
+        "sentence_acc": (old["sentence_acc"] + 0.5) % 1.0,
+    }
     (run / "metrics.json").write_text(json.dumps(bad))
     before = (run / "metrics.json").read_bytes()
     res = rescore_run(cfg, lay)
@@ -248,8 +302,14 @@ def test_rescore_adds_missing_fields_only_when_stored_scores_reproduce(corpus, l
 
 
 def test_tokens_budget_and_no_sentence_task(corpus, layout, tmp_path):
-    cfg = make_cfg(corpus, objective__sentence="none", objective__format="doc_sentences", train__budget="tokens",
-                   train__amount=2000, impl__log_every=5)
+    cfg = make_cfg(
+        corpus,
+        objective__sentence="none",
+        objective__format="doc_sentences",
+        train__budget="tokens",
+        train__amount=2000,
+        impl__log_every=5,
+    )
     m = train_run(cfg, layout("r"), quiet=True)
     assert m["sentence_acc"] is None
     per_step = 8 * 32  # at most batch x max_seq_len real tokens per step
@@ -261,7 +321,9 @@ def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, 
     at each step's start and end). Here that clock is fake and moves 1/8 s per reading, so every step lasts
     exactly 1/8 s whatever the machine's speed: a 1 s budget is 8 steps, and the LR schedule follows it."""
     readings = itertools.count()
-    monkeypatch.setattr("study.pretrain.trainer.time", types.SimpleNamespace(perf_counter=lambda: next(readings) / 8))
+    monkeypatch.setattr(
+        "study.pretrain.trainer.time", types.SimpleNamespace(perf_counter=lambda: next(readings) / 8)
+    )
     cfg = make_cfg(corpus, train__budget="seconds", train__amount=1.0, train__warmup=0.06, impl__log_every=1)
     lay = layout("r")
     m = train_run(cfg, lay, quiet=True)
@@ -278,8 +340,13 @@ def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, 
 
 # --------------------------------------------------------------------------- faults
 def _subprocess_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO),
+    )
     env.pop(NAN_ENV, None)
     return env
 
@@ -302,13 +369,21 @@ def test_resume_is_bitwise_after_sigkill(corpus, layout, tmp_path):
     run = killed.run_dir(cfg.run_hash())
     kills, last = 0, 0
     for _ in range(3):
-        proc = subprocess.Popen(_driver(cfg_path, killed.root), cwd=REPO, env=_subprocess_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            _driver(cfg_path, killed.root),
+            cwd=REPO,
+            env=_subprocess_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         target = None
         deadline = time.time() + 120
         while proc.poll() is None and time.time() < deadline:
-            steps = sorted(int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("step-*.pt")) \
-                if (run / "checkpoints").exists() else []
+            steps = (
+                sorted(int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("step-*.pt"))
+                if (run / "checkpoints").exists()
+                else []
+            )
             if steps and steps[-1] > last:
                 target = steps[-1]
                 break
@@ -323,8 +398,14 @@ def test_resume_is_bitwise_after_sigkill(corpus, layout, tmp_path):
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
             break
     assert kills >= 1, "no kill landed mid-run"
-    out = subprocess.run(_driver(cfg_path, killed.root), cwd=REPO, env=_subprocess_env(), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        _driver(cfg_path, killed.root),
+        cwd=REPO,
+        env=_subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads((run / "status.json").read_text())["status"] == "done"
     ref_run = ref.run_dir(cfg.run_hash())
@@ -346,6 +427,7 @@ def _stop_at(step_to_stop: int):
     def hook(step, tokens, ev):
         if step == step_to_stop:
             raise Stop(step)
+
     return hook
 
 
@@ -413,6 +495,7 @@ def test_an_intact_checkpoint_that_does_not_load_is_an_error_and_kept(corpus, la
     a refactor) stops the run with an error naming the file, and every checkpoint is kept: the one before
     it was written by the same code, and starting from scratch would throw away its training."""
     from study.pretrain.checkpoint import write_checkpoint
+
     cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=10)
     lay = layout("a")
     ck = lay.run_dir(cfg.run_hash()) / "checkpoints"
@@ -432,6 +515,7 @@ def _sigterm_at(monkeypatch, step: int, sig: int = signal.SIGTERM, times: int = 
     before its update: the fault suite's kill point); the trainer's handler only sets a flag, so the test
     process lives on."""
     from study import faults
+
     real_point = faults.point
 
     def point(name, detail=""):
@@ -439,6 +523,7 @@ def _sigterm_at(monkeypatch, step: int, sig: int = signal.SIGTERM, times: int = 
             for _ in range(times):
                 os.kill(os.getpid(), sig)
         real_point(name, detail)
+
     monkeypatch.setattr(faults, "point", point)
 
 
@@ -448,6 +533,7 @@ def test_ctrl_c_in_the_commands_process_checkpoints_and_twice_stops_at_once(corp
     finishes the step and checkpoints as SIGTERM does (Interrupted, exit 143); a second one stops at once
     (KeyboardInterrupt, exit 130); Python's own handler is back after either."""
     from study import cli
+
     cfg = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0)
     lay = layout("a")
     ck = lay.run_dir(cfg.run_hash()) / "checkpoints"
@@ -455,21 +541,27 @@ def test_ctrl_c_in_the_commands_process_checkpoints_and_twice_stops_at_once(corp
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _sigterm_at(monkeypatch, 8, signal.SIGINT)
-        with pytest.raises(KeyboardInterrupt) as err:   # not Interrupted: a bare Ctrl-C, not the session's end
+        with pytest.raises(KeyboardInterrupt) as err:  # not Interrupted: a bare Ctrl-C, not the session's end
             train_run(cfg, lay, quiet=True)
-        assert isinstance(err.value, Interrupted) and err.value.step == 8 and [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]
+        assert (
+            isinstance(err.value, Interrupted)
+            and err.value.step == 8
+            and [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]
+        )
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         _sigterm_at(monkeypatch, 11, signal.SIGINT, times=2)
         with pytest.raises(KeyboardInterrupt) as err:
             train_run(cfg, lay, quiet=True)
         assert not isinstance(err.value, Interrupted)
-        assert [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]   # none for the stop at once
+        assert [p.name for p in ck.glob("*.pt")] == ["step-00000008.pt"]  # none for the stop at once
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, old)
     for exc, code in ((Interrupted(8), 143), (KeyboardInterrupt(), 130)):
+
         def raising(args, exc=exc):
             raise exc
+
         monkeypatch.setattr(cli, "cmd_pretrain", raising)
         assert cli.main(["pretrain", "ablations/smoke.yaml"]) == code
 
@@ -479,8 +571,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(corpus, layou
     pending), the driver exits 143; SIGTERM again at step 11 of the next session (Interrupted, a
     KeyboardInterrupt: `except Exception` does not record it as a failure); the third session ends bitwise
     equal to an uninterrupted run. The step and time rules are off: the only checkpoints are SIGTERM's."""
-    cfg = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0,
-                   impl__log_every=3)
+    cfg = make_cfg(
+        corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0, impl__log_every=3
+    )
     ref = layout("ref")
     train_run(cfg, ref, quiet=True)
     ref_run = ref.run_dir(cfg.run_hash())
@@ -507,14 +600,19 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_bitwise(corpus, layou
     assert {k: metrics(ref_run)[k] for k in EXACT} == {k: metrics(run)[k] for k in EXACT}
 
 
-@pytest.mark.parametrize("every, minutes, kept", [
-    (None, 1e-9, ["step-00000009.pt", "step-00000010.pt"]),  # by time: every step (the newest two kept)
-    (None, 0, ["step-00000010.pt"]),                          # no rule: only the checkpoint of the stop
-    (4, 0, ["step-00000008.pt", "step-00000010.pt"]),         # by steps
-    (4, 10, ["step-00000008.pt", "step-00000010.pt"]),        # both: ten minutes never pass here
-])
+@pytest.mark.parametrize(
+    "every, minutes, kept",
+    [
+        (None, 1e-9, ["step-00000009.pt", "step-00000010.pt"]),  # by time: every step (the newest two kept)
+        (None, 0, ["step-00000010.pt"]),  # no rule: only the checkpoint of the stop
+        (4, 0, ["step-00000008.pt", "step-00000010.pt"]),  # by steps
+        (4, 10, ["step-00000008.pt", "step-00000010.pt"]),  # both: ten minutes never pass here
+    ],
+)
 def test_checkpoints_by_steps_and_by_time(corpus, layout, every, minutes, kept):
-    cfg = make_cfg(corpus, impl__eval_every=10, impl__checkpoint_every=every, impl__checkpoint_minutes=minutes)
+    cfg = make_cfg(
+        corpus, impl__eval_every=10, impl__checkpoint_every=every, impl__checkpoint_minutes=minutes
+    )
     lay = layout("r")
     with pytest.raises(Stop):
         train_run(cfg, lay, quiet=True, on_eval=_stop_at(10))
@@ -535,12 +633,16 @@ def test_divergence_is_recorded_and_raised(corpus, layout, tmp_path, monkeypatch
     assert [e["step"] for e in events(run) if e["event"] == "diverged"] == [7]
     # calling again does not train: the recorded divergence is raised again
     monkeypatch.delenv(NAN_ENV)
-    monkeypatch.setattr("study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("retrained a diverged run"))
+    monkeypatch.setattr(
+        "study.pretrain.trainer.Trainer.run", lambda self: pytest.fail("retrained a diverged run")
+    )
     with pytest.raises(Diverged):
         train_run(cfg, lay, quiet=True)
 
 
-def test_divergence_between_syncs_is_found_at_the_next_and_nothing_of_it_is_saved(corpus, layout, monkeypatch):
+def test_divergence_between_syncs_is_found_at_the_next_and_nothing_of_it_is_saved(
+    corpus, layout, monkeypatch
+):
     """Steps are read back from the device once per log window (impl.log_every): a NaN at step 7 with logs at
     4 and 8 is found at the step-8 sync. The status still names step 7, and nothing from step 7 on was
     written: no history line, no checkpoint (the step-8 checkpoint would have been, it checks first)."""
@@ -565,8 +667,13 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     curves, hashes, evals, layout_of = {}, set(), {}, {}
     for sparse in (True, False):
         for attn in ("eager", "sdpa"):
-            cfg = make_cfg(corpus, train__amount=20, impl__sparse_head=sparse, impl__attention=attn,
-                           impl__workers=1 if attn == "sdpa" else 0)
+            cfg = make_cfg(
+                corpus,
+                train__amount=20,
+                impl__sparse_head=sparse,
+                impl__attention=attn,
+                impl__workers=1 if attn == "sdpa" else 0,
+            )
             lay = layout_of[(sparse, attn)] = layout(f"{sparse}-{attn}")
             m = train_run(cfg, lay, quiet=True)
             hashes.add(cfg.run_hash())
@@ -583,7 +690,10 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
     lay = layout_of["torch-xent"] = layout("torch-xent")
     m = train_run(cfg, lay, quiet=True)
     hashes.add(cfg.run_hash())
-    curves["torch-xent"], evals["torch-xent"] = np.array(losses(lay.run_dir(cfg.run_hash()))), m["ref_mlm_loss"]
+    curves["torch-xent"], evals["torch-xent"] = (
+        np.array(losses(lay.run_dir(cfg.run_hash()))),
+        m["ref_mlm_loss"],
+    )
     # meta.json names the kernel that ran: "auto" resolves to chunked on a CPU in fp32
     assert RunDir(lay, cfg.run_hash()).meta()["mlm_loss"] == "torch"
     assert RunDir(layout_of[(True, "eager")], cfg.run_hash()).meta()["mlm_loss"] == "chunked"
@@ -595,8 +705,15 @@ def test_impl_settings_do_not_change_the_loss_curve(corpus, layout, tmp_path):
         assert evals[k] == pytest.approx(evals[(True, "eager")], rel=2e-4)
     # evaluation, checkpointing (by steps, and by time: ~every step), prefetching and logging (the host sync
     # of the loop) draw no random numbers: bitwise the same run
-    cfg = make_cfg(corpus, train__amount=20, impl__workers=2, impl__eval_every=5, impl__checkpoint_every=3,
-                   impl__checkpoint_minutes=1e-9, impl__log_every=7)
+    cfg = make_cfg(
+        corpus,
+        train__amount=20,
+        impl__workers=2,
+        impl__eval_every=5,
+        impl__checkpoint_every=3,
+        impl__checkpoint_minutes=1e-9,
+        impl__log_every=7,
+    )
     lay = layout("busy")
     train_run(cfg, lay, quiet=True)
     assert_same_weights(lay.run_dir(cfg.run_hash()), layout_of[(True, "eager")].run_dir(cfg.run_hash()))
@@ -625,7 +742,7 @@ def test_bits_dropout_moves_the_curve_no_further_than_another_dropout_stream(cor
         return float(np.mean(np.abs(curves[a] - curves[b])))
 
     between_streams = max(dist(a, b) for a in torch_runs for b in torch_runs if a < b)
-    assert between_streams > 0   # dropout is on: another stream gives another curve
+    assert between_streams > 0  # dropout is on: another stream gives another curve
     for b in bits_runs:
         for a in torch_runs:
             assert 0 < dist(a, b) <= 2 * between_streams, (a, b, dist(a, b), between_streams)
@@ -651,8 +768,9 @@ def test_sdpa_trains_like_eager_without_dropout(corpus, layout, monkeypatch):
     curves, evals, counts, trained = {}, {}, {}, {}
     for attn in ("eager", "sdpa"):
         calls.update(n=0, grad=0)
-        cfg = make_cfg(corpus, train__amount=12, impl__attention=attn, model__dropout=0.0,
-                       model__attention_dropout=0.0)
+        cfg = make_cfg(
+            corpus, train__amount=12, impl__attention=attn, model__dropout=0.0, model__attention_dropout=0.0
+        )
         lay = layout(attn)
         evals[attn] = train_run(cfg, lay, quiet=True)["ref_mlm_loss"]
         curves[attn] = np.array(losses(lay.run_dir(cfg.run_hash())))
@@ -669,7 +787,9 @@ def test_sdpa_trains_like_eager_without_dropout(corpus, layout, monkeypatch):
     # the two kernels end within ~1e-7 of each other; a cut backward moves the query weights by ~7e-3.
     assert trained["sdpa"].keys() == trained["eager"].keys()
     for k, w in trained["eager"].items():
-        torch.testing.assert_close(trained["sdpa"][k], w, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(
+            trained["sdpa"][k], w, rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}"
+        )
 
 
 def test_threads_do_not_change_the_loss_curve(corpus, layout):
@@ -680,14 +800,17 @@ def test_threads_do_not_change_the_loss_curve(corpus, layout):
         cfg = make_cfg(corpus, train__amount=8, impl__threads=n, impl__eval_every=4)
         lay = layout(f"t{n}")
         found = seen[n] = set()
-        m = train_run(cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: found.add(torch.get_num_threads()))
+        m = train_run(
+            cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: found.add(torch.get_num_threads())
+        )
         curves[n], evals[n] = np.array(losses(lay.run_dir(cfg.run_hash()))), m
     assert seen == {1: {1}, 2: {2}}
     np.testing.assert_allclose(curves[2], curves[1], rtol=1e-5, atol=1e-6)
     for k in ("ref_mlm_loss", "ref_mlm_acc", "sentence_acc"):
         assert evals[2][k] == pytest.approx(evals[1][k], rel=1e-5, abs=1e-6), k
-    assert {k: evals[2][k] for k in ("steps", "tokens_seen", "masked_seen")} == \
-        {k: evals[1][k] for k in ("steps", "tokens_seen", "masked_seen")}
+    assert {k: evals[2][k] for k in ("steps", "tokens_seen", "masked_seen")} == {
+        k: evals[1][k] for k in ("steps", "tokens_seen", "masked_seen")
+    }
 
 
 def test_progress_bar_does_not_change_the_run(corpus, layout, capsys):
@@ -700,7 +823,7 @@ def test_progress_bar_does_not_change_the_run(corpus, layout, capsys):
         train_run(cfg, lay, quiet=False)
         err[on] = capsys.readouterr().err
         runs[on] = lay.run_dir(cfg.run_hash())
-    tag = f"pretrain {cfg.run_hash()}: "   # the bar's description (a heartbeat line reads "pretrain <hash> step")
+    tag = f"pretrain {cfg.run_hash()}: "  # the bar's description (a heartbeat line reads "pretrain <hash> step")
     assert tag in err[True] and tag not in err[False]  # the bar was drawn, and only when on
     assert_same_weights(runs[True], runs[False])
     assert stable_history(runs[True]) == stable_history(runs[False])
@@ -711,8 +834,13 @@ def test_grad_accumulation_matches_one_big_batch(corpus, layout, tmp_path):
     """Losses are weighted by the global masked count, so 4 micro-batches of 2 = 1 batch of 8 (no dropout)."""
     curves = []
     for accum in (1, 4):
-        cfg = make_cfg(corpus, train__amount=15, train__grad_accum=accum, model__dropout=0.0,
-                       model__attention_dropout=0.0)
+        cfg = make_cfg(
+            corpus,
+            train__amount=15,
+            train__grad_accum=accum,
+            model__dropout=0.0,
+            model__attention_dropout=0.0,
+        )
         lay = layout(f"a{accum}")
         train_run(cfg, lay, quiet=True)
         curves.append(np.array(losses(lay.run_dir(cfg.run_hash()))))
@@ -726,11 +854,23 @@ def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
     from study.data.batches import Batches
     from study.data.prepare import prepare_data
     from study.model.bert import IGNORE
-    from study.pretrain.step import LossModule, build_training_model, make_optimizer, pad_parts, pretrain_step, read_steps
+    from study.pretrain.step import (
+        LossModule,
+        build_training_model,
+        make_optimizer,
+        pad_parts,
+        pretrain_step,
+        read_steps,
+    )
     from study.runtime import resolve
 
-    cfg = make_cfg(corpus, train__grad_accum=4, model__dropout=0.0, model__attention_dropout=0.0,
-                   objective__max_seq_len=64)
+    cfg = make_cfg(
+        corpus,
+        train__grad_accum=4,
+        model__dropout=0.0,
+        model__attention_dropout=0.0,
+        objective__max_seq_len=64,
+    )
     prepared = prepare_data(cfg, layout("r"), progress=False)
     parts = Batches(cfg, prepared).make(0, 1)["parts"]
     padded = pad_parts(parts, 64, prepared.special.pad)
@@ -738,9 +878,11 @@ def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
     for a, b in zip(parts, padded):
         ta, tb = a["tensors"], b["tensors"]
         w = ta["input_ids"].shape[1]
-        assert all(tb[k].shape == (2, 64) for k in ("input_ids", "attention_mask", "token_type_ids", "labels"))
+        assert all(
+            tb[k].shape == (2, 64) for k in ("input_ids", "attention_mask", "token_type_ids", "labels")
+        )
         for k in ("input_ids", "attention_mask", "token_type_ids", "labels"):
-            assert torch.equal(tb[k][:, :w], ta[k]), k      # identical masks and inputs
+            assert torch.equal(tb[k][:, :w], ta[k]), k  # identical masks and inputs
         assert (tb["labels"][:, w:] == IGNORE).all() and (tb["attention_mask"][:, w:] == 0).all()
         assert (tb["input_ids"][:, w:] == prepared.special.pad).all()
         assert (b["n_mlm"], b["n_sent"], b["positions"]) == (a["n_mlm"], a["n_sent"], 2 * 64)
@@ -764,26 +906,68 @@ def test_a_micro_batch_with_nothing_to_learn_trains_as_if_it_were_not_there():
     task it has no loss at all. Its backward crashed ("does not require grad"). Now it adds a zero that
     reaches every parameter (DDP needs a gradient for each): the step equals the one without that part."""
     from study.model.bert import IGNORE
-    from study.pretrain.step import LossModule, build_training_model, make_optimizer, pretrain_step, read_steps
+    from study.pretrain.step import (
+        LossModule,
+        build_training_model,
+        make_optimizer,
+        pretrain_step,
+        read_steps,
+    )
     from study.runtime import resolve
-    cfg = RunConfig(model={"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "max_positions": 64,
-                           "dropout": 0.0, "attention_dropout": 0.0},
-                    objective={"sentence": "none", "max_seq_len": 32}, finetune={"max_length": 64})
+
+    cfg = RunConfig(
+        model={
+            "layers": 1,
+            "hidden": 32,
+            "heads": 2,
+            "intermediate": 64,
+            "max_positions": 64,
+            "dropout": 0.0,
+            "attention_dropout": 0.0,
+        },
+        objective={"sentence": "none", "max_seq_len": 32},
+        finetune={"max_length": 64},
+    )
     ids = torch.randint(5, 200, (2, 10), generator=torch.Generator().manual_seed(0))
     none, one = torch.full_like(ids, IGNORE), torch.full_like(ids, IGNORE)
     one[0, 3] = ids[0, 3]
 
     def part(labels, n):
-        return {"tensors": {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                            "token_type_ids": torch.zeros_like(ids), "labels": labels,
-                            "sentence_label": torch.full((2,), -1)}, "n_mlm": n, "n_sent": 0, "positions": 20}
+        return {
+            "tensors": {
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "token_type_ids": torch.zeros_like(ids),
+                "labels": labels,
+                "sentence_label": torch.full((2,), -1),
+            },
+            "n_mlm": n,
+            "n_sent": 0,
+            "positions": 20,
+        }
+
     rt, out = resolve(cfg.impl), {}
     for name, parts in (("alone", [part(one, 1)]), ("with an empty part", [part(one, 1), part(none, 0)])):
         torch.manual_seed(0)
         model, _ = build_training_model(cfg, 200, rt.device)
         opt, fused = make_optimizer(cfg, model, rt.device)
-        out[name] = (read_steps([pretrain_step(LossModule(model, True, chunked=rt.chunked_mlm), model, opt, parts,
-                                               1e-3, clip=1.0, rt=rt, fused=fused)])[0], model.state_dict())
+        out[name] = (
+            read_steps(
+                [
+                    pretrain_step(
+                        LossModule(model, True, chunked=rt.chunked_mlm),
+                        model,
+                        opt,
+                        parts,
+                        1e-3,
+                        clip=1.0,
+                        rt=rt,
+                        fused=fused,
+                    )
+                ]
+            )[0],
+            model.state_dict(),
+        )
     (a, wa), (b, wb) = out["alone"], out["with an empty part"]
     assert b.loss == pytest.approx(a.loss) and b.grad_norm == pytest.approx(a.grad_norm) and b.masked == 1
     for k in wa:
@@ -791,8 +975,14 @@ def test_a_micro_batch_with_nothing_to_learn_trains_as_if_it_were_not_there():
 
 
 def _curve_without_dropout(corpus, layout, name: str, **impl) -> tuple[np.ndarray, dict]:
-    cfg = make_cfg(corpus, train__amount=12, model__dropout=0.0, model__attention_dropout=0.0,
-                   objective__max_seq_len=64, **{f"impl__{k}": v for k, v in impl.items()})
+    cfg = make_cfg(
+        corpus,
+        train__amount=12,
+        model__dropout=0.0,
+        model__attention_dropout=0.0,
+        objective__max_seq_len=64,
+        **{f"impl__{k}": v for k, v in impl.items()},
+    )
     lay = layout(name)
     m = train_run(cfg, lay, quiet=True)
     return np.array(losses(lay.run_dir(cfg.run_hash()))), m
@@ -832,15 +1022,18 @@ def test_bf16_autocast_tracks_fp32(corpus, layout, tmp_path):
 
 
 # --------------------------------------------------------------------------- config errors
-@pytest.mark.parametrize("change, field", [
-    (lambda c: setattr(c.objective, "max_seq_len", 128), "objective.max_seq_len"),  # > max_positions 64
-    # 8 does not split in 3: TrainConfig refuses that on assignment, so the value is put in unvalidated
-    # (as code building a config could); the trainer still refuses it
-    (lambda c: c.train.__dict__.update(grad_accum=3), "train.batch_size"),
-    (lambda c: setattr(c.train, "batch_size", 5000), "train.batch_size"),          # more than the corpus
-    # ImplConfig refuses compile without static shapes on assignment too; set unvalidated, the trainer does
-    (lambda c: c.impl.__dict__.update(compile=True), "impl.compile"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda c: setattr(c.objective, "max_seq_len", 128), "objective.max_seq_len"),  # > max_positions 64
+        # 8 does not split in 3: TrainConfig refuses that on assignment, so the value is put in unvalidated
+        # (as code building a config could); the trainer still refuses it
+        (lambda c: c.train.__dict__.update(grad_accum=3), "train.batch_size"),
+        (lambda c: setattr(c.train, "batch_size", 5000), "train.batch_size"),  # more than the corpus
+        # ImplConfig refuses compile without static shapes on assignment too; set unvalidated, the trainer does
+        (lambda c: c.impl.__dict__.update(compile=True), "impl.compile"),
+    ],
+)
 def test_config_errors_name_the_field_before_training(corpus, layout, tmp_path, change, field):
     cfg = make_cfg(corpus)
     change(cfg)
@@ -855,6 +1048,7 @@ def test_compile_needs_static_shapes():
     from pydantic import ValidationError
 
     from study.config import ImplConfig
+
     with pytest.raises(ValidationError, match="impl.pad_to"):
         ImplConfig(compile=True)
     assert ImplConfig(compile=True, pad_to="max").compile
@@ -863,8 +1057,11 @@ def test_compile_needs_static_shapes():
 def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, monkeypatch):
     """A data folder whose special ids disagree with its tokenizer (or ids beyond its vocab) is refused."""
     import study.data.tokenizer as tokmod
+
     real = tokmod.special_ids
-    monkeypatch.setattr(tokmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7))
+    monkeypatch.setattr(
+        tokmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7)
+    )
     cfg = make_cfg(corpus)
     lay = layout("r")
     with pytest.raises(StudyError) as err:
@@ -874,6 +1071,7 @@ def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, mo
 
 def test_batch_of_zero_rejected(corpus):
     from pydantic import ValidationError
+
     with pytest.raises(ValidationError, match="batch_size"):
         make_cfg(corpus, train__batch_size=0)
 
@@ -888,16 +1086,31 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
     """torchrun with 2 gloo processes, global batch 8 split 4+4, vs one process: same loss curve."""
-    cfg = make_cfg(corpus, train__amount=15, model__dropout=0.0, model__attention_dropout=0.0,
-                   impl__checkpoint_every=5)
+    cfg = make_cfg(
+        corpus, train__amount=15, model__dropout=0.0, model__attention_dropout=0.0, impl__checkpoint_every=5
+    )
     single = layout("single")
     m1 = train_run(cfg, single, quiet=True)
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(cfg.model_dump_json())
     ddp = layout("ddp")
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), "-m", "study.pretrain", str(cfg_path), "--results", str(ddp.root),
-           "--quiet"]
+    cmd = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "study.pretrain",
+        str(cfg_path),
+        "--results",
+        str(ddp.root),
+        "--quiet",
+    ]
     out = subprocess.run(cmd, cwd=REPO, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     run = ddp.run_dir(cfg.run_hash())
@@ -921,8 +1134,14 @@ def test_ddp_two_processes_match_single_process(corpus, layout, tmp_path):
     killed = layout("ddp-killed")
     cmd_k = [c if c != str(ddp.root) else str(killed.root) for c in cmd]
     cmd_k[cmd_k.index("--master_port") + 1] = str(_free_port())
-    out = subprocess.run(cmd_k, cwd=REPO, env={**_subprocess_env(), "STUDY_KILL_AT": "train.step:8"},
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        cmd_k,
+        cwd=REPO,
+        env={**_subprocess_env(), "STUDY_KILL_AT": "train.step:8"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode != 0 and "fault: SIGKILL at train.step #8" in out.stderr
     krun = killed.run_dir(cfg.run_hash())
     assert not (krun / "status.json").exists() and (krun / "checkpoints" / "step-00000005.pt").exists()
@@ -938,8 +1157,14 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     """train.short_len/short_fraction: the first steps (progress < short_fraction) train on rows of
     short_len tokens, the rest on max_seq_len rows; the reference eval stays at max_seq_len. SIGTERM
     before and after the switch resumes bitwise (the phase and its data position are in the checkpoint)."""
-    cfg = make_cfg(corpus, train__amount=20, train__short_len=8, train__short_fraction=0.4,
-                   impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    cfg = make_cfg(
+        corpus,
+        train__amount=20,
+        train__short_len=8,
+        train__short_fraction=0.4,
+        impl__checkpoint_every=None,
+        impl__checkpoint_minutes=0,
+    )
     plain = make_cfg(corpus, train__amount=20, impl__checkpoint_every=None, impl__checkpoint_minutes=0)
     assert cfg.run_hash() != plain.run_hash()
     ref = layout("ref")
@@ -948,20 +1173,22 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     steps = [h for h in history(run_dir) if "loss" in h]
     per_step = np.diff([0] + [h["tokens"] for h in steps])
     B = cfg.train.batch_size
-    assert all(B * 8 < t <= 4 * B * 8 for t in per_step[:8])   # steps 1-8 (40% of 20): 4 x B rows of 8
-    assert all(t > B * 8 for t in per_step[8:])                # then B full-length rows
+    assert all(B * 8 < t <= 4 * B * 8 for t in per_step[:8])  # steps 1-8 (40% of 20): 4 x B rows of 8
+    assert all(t > B * 8 for t in per_step[8:])  # then B full-length rows
     assert cfg.short_phase().train.batch_size == 4 * B and cfg.short_phase().objective.max_seq_len == 8
     ev = [h["eval"] for h in history(run_dir) if "eval" in h][-1]
     plain_lay = layout("plain")
     train_run(plain, plain_lay, quiet=True)
     plain_ev = [h["eval"] for h in history(plain_lay.run_dir(plain.run_hash())) if "eval" in h][-1]
-    assert ev["ref_masked"] == plain_ev["ref_masked"]      # the same reference questions
+    assert ev["ref_masked"] == plain_ev["ref_masked"]  # the same reference questions
     # ... and a second one on rows of the short length (what the warmup trains), only where there is a warmup
-    assert 0 <= ev["short_mask_acc"] <= 1 and 0 < ev["short_mask_mode_acc"] < 1 and 0 <= ev["short_spread"] <= 1
+    assert (
+        0 <= ev["short_mask_acc"] <= 1 and 0 < ev["short_mask_mode_acc"] < 1 and 0 <= ev["short_spread"] <= 1
+    )
     assert not any(k.startswith("short_") for k in plain_ev)
     assert short_reference_set(plain, None) is None
     lay = layout("b")
-    for stop in (5, 13):                                   # once in each phase
+    for stop in (5, 13):  # once in each phase
         _sigterm_at(monkeypatch, stop)
         with pytest.raises(Interrupted):
             train_run(cfg, lay, quiet=True)
@@ -972,8 +1199,15 @@ def test_short_rows_first_then_full_length_and_resume_across_the_switch(corpus, 
     assert_same_weights(run_dir, run)
     assert stable_history(run_dir) == stable_history(run)
     # evals in both phases (what `study curve` adds) leave the run bitwise as it was
-    evals = make_cfg(corpus, train__amount=20, train__short_len=8, train__short_fraction=0.4, impl__eval_every=3,
-                     impl__checkpoint_every=None, impl__checkpoint_minutes=0)
+    evals = make_cfg(
+        corpus,
+        train__amount=20,
+        train__short_len=8,
+        train__short_fraction=0.4,
+        impl__eval_every=3,
+        impl__checkpoint_every=None,
+        impl__checkpoint_minutes=0,
+    )
     assert evals.run_hash() == cfg.run_hash()
     lay = layout("evals")
     train_run(evals, lay, quiet=True)
@@ -987,20 +1221,22 @@ def test_sigterm_while_finishing_stops_the_command_and_keeps_the_run(corpus, lay
     command stops (Interrupted) instead of starting the next run. Before: the flag was dropped with the
     handler, and a preempted machine's `study run` went on into the next run until SIGKILL."""
     from study.pretrain import trainer as tr
+
     cfg = make_cfg(corpus, train__amount=6, impl__checkpoint_every=None)
     lay = layout("a")
     real = tr.Trainer._finish
 
     def finish(self):
-        os.kill(os.getpid(), signal.SIGTERM)   # the handler only sets a flag: we live on
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag: we live on
         return real(self)
+
     monkeypatch.setattr(tr.Trainer, "_finish", finish)
     with pytest.raises(Interrupted):
         train_run(cfg, lay, quiet=True)
     rd = RunDir(lay, cfg.run_hash())
     assert rd.status().done and rd.metrics()["steps"] == 6 and rd.has_model()
     monkeypatch.undo()
-    assert train_run(cfg, lay, quiet=True)["steps"] == 6   # the next command reuses it
+    assert train_run(cfg, lay, quiet=True)["steps"] == 6  # the next command reuses it
 
 
 def test_resume_never_pads_a_short_history(corpus, layout):
@@ -1009,7 +1245,7 @@ def test_resume_never_pads_a_short_history(corpus, layout):
     a line cut in the middle is dropped, so the next one is not glued onto it."""
     cfg = make_cfg(corpus, train__amount=12, impl__checkpoint_every=4)
     lay = layout("a")
-    os.environ[NAN_ENV] = "9"   # stop the first session after step 8's checkpoint, as a kill would
+    os.environ[NAN_ENV] = "9"  # stop the first session after step 8's checkpoint, as a kill would
     try:
         with pytest.raises(Diverged):
             train_run(cfg, lay, quiet=True)
@@ -1019,7 +1255,7 @@ def test_resume_never_pads_a_short_history(corpus, layout):
     # the run diverged: make it resumable from its step-8 checkpoint, with its history cut short
     (rd.path / "status.json").unlink()
     text = rd.history_path.read_text().splitlines(keepends=True)
-    rd.history_path.write_text("".join(text[:2]) + text[2][:10])   # and cut inside its third line
+    rd.history_path.write_text("".join(text[:2]) + text[2][:10])  # and cut inside its third line
     with pytest.warns(RuntimeWarning, match="shorter"):
         train_run(cfg, lay, quiet=True)
     raw = rd.history_path.read_bytes()
@@ -1040,9 +1276,12 @@ def test_quiet_training_prints_a_heartbeat(corpus, layout, monkeypatch, capsys):
     """Without a bar (--quiet, the DVC stages), a line on stderr every HEARTBEAT_S at a log step, so a long
     stage shows where it is; with the bar on, none (the bar says it)."""
     from study.pretrain import trainer as tr
+
     monkeypatch.setattr(tr, "HEARTBEAT_S", 0.0)
     cfg = make_cfg(corpus, train__amount=4, impl__log_every=2)
     train_run(cfg, layout("a"), quiet=True)
-    beats = [x for x in capsys.readouterr().err.splitlines() if x.startswith(f"pretrain {cfg.run_hash()} step")]
+    beats = [
+        x for x in capsys.readouterr().err.splitlines() if x.startswith(f"pretrain {cfg.run_hash()} step")
+    ]
     assert [b.split(" step ")[1].split(" ")[0] for b in beats] == ["2", "4"]
     assert "(50% of 4 steps), loss " in beats[0] and "tok/s" in beats[0]

@@ -13,6 +13,7 @@ hash) and `describe` (`study data`: corpus statistics and decoded instances with
 
 Entry points load on first use (study/lazy.py).
 """
+
 from study.lazy import exports
 
 __all__ = ["describe", "prepare_data"]

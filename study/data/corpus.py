@@ -14,6 +14,7 @@ it is detokenized lightly before sentence splitting so pysbd sees normal text.
 The corpus fingerprint (`fingerprint`, `with_fingerprint`) lives here because it must cover exactly
 the files the readers read (`source_files` is used by both): an edited book is a new data hash.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -38,6 +39,7 @@ Doc = list[str]
 @functools.lru_cache(maxsize=1)
 def _segmenter():
     import pysbd
+
     return pysbd.Segmenter(language="en", clean=False)
 
 
@@ -67,10 +69,18 @@ def _files(path: str, patterns: tuple[str, ...], fieldname: str) -> list[Path]:
         files = sorted({f for pat in patterns for f in p.rglob(pat) if f.is_file()})
         if files:
             return files
-    what = "does not exist" if not p.exists() else "is neither a file nor a folder" if not p.is_dir() else \
-        f"is a folder without {' / '.join(patterns)} files"
-    raise StudyError(f"{path!r} {what} (relative paths are read from {Path.cwd()})", field=fieldname,
-                     allowed=f"an existing file, or a folder containing {' / '.join(patterns)} files")
+    what = (
+        "does not exist"
+        if not p.exists()
+        else "is neither a file nor a folder"
+        if not p.is_dir()
+        else f"is a folder without {' / '.join(patterns)} files"
+    )
+    raise StudyError(
+        f"{path!r} {what} (relative paths are read from {Path.cwd()})",
+        field=fieldname,
+        allowed=f"an existing file, or a folder containing {' / '.join(patterns)} files",
+    )
 
 
 def read_utf8(path: Path, fieldname: str = "corpus.sources.path") -> str:
@@ -79,8 +89,9 @@ def read_utf8(path: Path, fieldname: str = "corpus.sources.path") -> str:
     try:
         text = data.decode("utf-8-sig", errors="strict")
     except UnicodeDecodeError as e:
-        raise StudyError(f"{path} is not valid UTF-8 (byte offset {e.start})",
-                         field=fieldname, allowed="UTF-8 text files") from None
+        raise StudyError(
+            f"{path} is not valid UTF-8 (byte offset {e.start})", field=fieldname, allowed="UTF-8 text files"
+        ) from None
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -106,10 +117,12 @@ def read_text(path: str, where: str = "corpus.sources") -> Iterator[Doc]:
                 yield sents
 
 
-_WT_SUBS = [(re.compile(r" @([-,.])@ "), r"\1"),
-            (re.compile(r" ([,.;:!?%)\]}])"), r"\1"),
-            (re.compile(r"([(\[{$]) "), r"\1"),
-            (re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b"), r"\1")]
+_WT_SUBS = [
+    (re.compile(r" @([-,.])@ "), r"\1"),
+    (re.compile(r" ([,.;:!?%)\]}])"), r"\1"),
+    (re.compile(r"([(\[{$]) "), r"\1"),
+    (re.compile(r" (n't|'s|'re|'ve|'ll|'d|'m)\b"), r"\1"),
+]
 
 
 def detokenize_wikitext(line: str) -> str:
@@ -165,26 +178,33 @@ def read_hf(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
     WikiText file (an article per document, detokenized), which is what WikiText on the hub is.
     """
     import datasets
+
     p = Path(src.name)
     if _is_local_dataset(src.name):
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             if src.split not in ds:
-                raise StudyError(f"split {src.split!r} not in {p}", field=f"{where}.split",
-                                 allowed=", ".join(ds))
+                raise StudyError(
+                    f"split {src.split!r} not in {p}", field=f"{where}.split", allowed=", ".join(ds)
+                )
             ds = ds[src.split]
     else:
         try:
             ds = datasets.load_dataset(src.name, src.config, split=src.split, revision=src.revision)
         except (OSError, ValueError) as e:  # not found / offline / unknown split or config
-            raise StudyError(f"cannot load dataset {src.name!r} (config {src.config!r}, split {src.split!r}): "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                             field=f"{where}.name",
-                             allowed="a hub id already in the local cache (HF_HUB_OFFLINE=1), a save_to_disk "
-                                     "folder, or a folder of data files") from None
+            raise StudyError(
+                f"cannot load dataset {src.name!r} (config {src.config!r}, split {src.split!r}): "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                field=f"{where}.name",
+                allowed="a hub id already in the local cache (HF_HUB_OFFLINE=1), a save_to_disk "
+                "folder, or a folder of data files",
+            ) from None
     if src.text_column not in ds.column_names:
-        raise StudyError(f"column {src.text_column!r} not in dataset {src.name}",
-                         field=f"{where}.text_column", allowed=", ".join(ds.column_names))
+        raise StudyError(
+            f"column {src.text_column!r} not in dataset {src.name}",
+            field=f"{where}.text_column",
+            allowed=", ".join(ds.column_names),
+        )
     rows = ds[src.text_column]
     if src.rows == "document":
         for r in rows:
@@ -206,28 +226,38 @@ def embedded_path() -> Path:
     # found without importing gensim (~2 s here): spec validation fingerprints this file
     spec = importlib.util.find_spec("gensim")
     if spec is None or not spec.submodule_search_locations:
-        raise StudyError("the embedded corpus needs the gensim package, which is not installed",
-                         field="corpus.sources", allowed="text, wikitext, gutenberg or hf sources")
-    return (Path(spec.submodule_search_locations[0]) / "test" / "test_data" /
-            "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+        raise StudyError(
+            "the embedded corpus needs the gensim package, which is not installed",
+            field="corpus.sources",
+            allowed="text, wikitext, gutenberg or hf sources",
+        )
+    return (
+        Path(spec.submodule_search_locations[0])
+        / "test"
+        / "test_data"
+        / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    )
 
 
 MIN_EMBEDDED_WORDS = 50  # stubs and disambiguation pages carry no usable sentences
 
 
 _WIKI_EMPHASIS = re.compile(r"'{2,}")
-_WIKI_ALT = re.compile(r"\|\s*alt=.*$")         # image caption "...|alt=description": keep the caption
+_WIKI_ALT = re.compile(r"\|\s*alt=.*$")  # image caption "...|alt=description": keep the caption
 _WIKI_FILE = re.compile(r"(File|Image):", re.I)  # gallery lines "File:x.jpg|caption"
 
 
 def read_embedded() -> Iterator[Doc]:
     """The English Wikipedia sample in the gensim wheel, markup stripped, sentences kept."""
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
     with bz2.open(embedded_path(), "rb") as f:
         for title, text, _pageid in extract_pages(f):
             if not text or text.lstrip().lower().startswith("#redirect"):
                 continue
-            plain = _WIKI_EMPHASIS.sub("", filter_wiki(text))  # filter_wiki keeps the '' / ''' emphasis quotes
+            plain = _WIKI_EMPHASIS.sub(
+                "", filter_wiki(text)
+            )  # filter_wiki keeps the '' / ''' emphasis quotes
             # drop leftover table/list scaffolding lines, gallery entries and section markers
             lines = [_WIKI_ALT.sub("", ln).strip().strip("=").strip() for ln in plain.split("\n")]
             body = "\n".join(ln for ln in lines if len(ln.split()) >= 3 and not _WIKI_FILE.match(ln))
@@ -243,15 +273,20 @@ def read_embedded() -> Iterator[Doc]:
 # "End of (the) Project Gutenberg EBook of ..." line a few lines earlier. Matching "START OF" at
 # column 0 only (the old rule) left the whole licence in books with an indented END line.
 # (the START marker may wrap onto a second line before its closing ***, as in pg43.txt)
-_START = re.compile(r"^[ \t]*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG(?:[^*]{0,400}\*{3}.*$|.*$)",
-                    re.M | re.I)
-_END = re.compile(r"^[ \t]*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)", re.M | re.I)
+_START = re.compile(
+    r"^[ \t]*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG(?:[^*]{0,400}\*{3}.*$|.*$)", re.M | re.I
+)
+_END = re.compile(
+    r"^[ \t]*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)", re.M | re.I
+)
 # Paragraphs inside the body that are transcriber/producer notes, not the book
-_NOTE = re.compile(r"project\s+gutenberg|gutenberg\.org|\be-?text\b|transcriber['’]?s note"
-                   r"|^\s*\[?(produced by|transcribed from|e-?text prepared by)",
-                   re.I)
+_NOTE = re.compile(
+    r"project\s+gutenberg|gutenberg\.org|\be-?text\b|transcriber['’]?s note"
+    r"|^\s*\[?(produced by|transcribed from|e-?text prepared by)",
+    re.I,
+)
 _PARA_SEP = re.compile(r"(\n[ \t]*\n)")
-_BARE_NUMBER = re.compile(r"-?\d{1,3}-?\.?|[IVXLC]+\.?")           # fullmatch on a stripped line
+_BARE_NUMBER = re.compile(r"-?\d{1,3}-?\.?|[IVXLC]+\.?")  # fullmatch on a stripped line
 _NUMBER_TITLE = re.compile(r"([IVXLC]+|\d{1,3})\.\s+\S.{0,80}")
 _CHAPTER = re.compile(r"^\s*(CHAPTER|Chapter|BOOK|Book|PART|Part)\s+([IVXLCDM]+|\d+|[A-Z][a-z]+)\b.*$")
 
@@ -264,10 +299,10 @@ def strip_gutenberg(text: str) -> str:
     """
     m = _START.search(text)
     if m:
-        text = text[m.end():]
+        text = text[m.end() :]
     m = _END.search(text)
     if m:
-        text = text[:m.start()]
+        text = text[: m.start()]
     parts = _PARA_SEP.split(text)  # [para, sep, para, sep, ...]: separators kept for chapter lines
     return "".join(p for i, p in enumerate(parts) if i % 2 or not _NOTE.search(p))
 
@@ -346,8 +381,10 @@ def source_files(src: CorpusSource, where: str = "corpus.sources") -> list[tuple
     A path that does not exist, or a folder without such files, is a StudyError naming `where`.path."""
     if src.kind in PATTERNS:
         root = Path(src.path)
-        return [(f.relative_to(root).as_posix() if f != root else f.name, f)
-                for f in _files(src.path, PATTERNS[src.kind], f"{where}.path")]
+        return [
+            (f.relative_to(root).as_posix() if f != root else f.name, f)
+            for f in _files(src.path, PATTERNS[src.kind], f"{where}.path")
+        ]
     if src.kind == "embedded":
         return [(embedded_path().name, embedded_path())]
     root = Path(src.name)
@@ -363,6 +400,7 @@ def _hub_revision(src: CorpusSource) -> str | None:
     source_fingerprint)."""
     # huggingface_hub only when an hf source is used: spec validation stays light without it
     from huggingface_hub import constants
+
     ref = Path(constants.HF_HUB_CACHE) / f"datasets--{src.name.replace('/', '--')}" / "refs" / "main"
     try:
         return ref.read_text(encoding="utf-8").strip() or None
@@ -380,16 +418,25 @@ def source_fingerprint(src: CorpusSource, where: str = "corpus.sources") -> dict
     files = source_files(src, where)
     if src.kind == "hf" and not files:
         if Path(src.name).exists():  # a folder with nothing in it, or a file: neither is a dataset
-            raise StudyError(f"{src.name!r} is not a dataset folder or hub id", field=f"{where}.name",
-                             allowed="a hub id, a save_to_disk folder, or a folder of data files")
-        return {"hub": src.name, "config": src.config, "split": src.split, "revision": src.revision or "unpinned"}
+            raise StudyError(
+                f"{src.name!r} is not a dataset folder or hub id",
+                field=f"{where}.name",
+                allowed="a hub id, a save_to_disk folder, or a folder of data files",
+            )
+        return {
+            "hub": src.name,
+            "config": src.config,
+            "split": src.split,
+            "revision": src.revision or "unpinned",
+        }
     return {"files": [[name, f.stat().st_size, file_digest(f)] for name, f in files]}
 
 
 def fingerprint(cfg: CorpusConfig) -> str:
     """The corpus contents as one hash (CorpusConfig.fingerprint); errors name `corpus.sources[i]`."""
-    return hash_obj([source_fingerprint(src, f"corpus.sources[{i}]") for i, src in enumerate(cfg.sources)],
-                    length=16)
+    return hash_obj(
+        [source_fingerprint(src, f"corpus.sources[{i}]") for i, src in enumerate(cfg.sources)], length=16
+    )
 
 
 def with_fingerprint(cfg: RunConfig, source: str | None = None) -> RunConfig:
@@ -407,10 +454,14 @@ def with_fingerprint(cfg: RunConfig, source: str | None = None) -> RunConfig:
     if cfg.corpus.fingerprint == now:
         return cfg
     if cfg.corpus.fingerprint is not None:
-        raise StudyError(f"the corpus sources changed since this config was resolved (fingerprint "
-                         f"{cfg.corpus.fingerprint}, the files now give {now}); load the spec again to get "
-                         f"the new run hashes", field="corpus.fingerprint", source=source,
-                         allowed="a config resolved from the current sources")
+        raise StudyError(
+            f"the corpus sources changed since this config was resolved (fingerprint "
+            f"{cfg.corpus.fingerprint}, the files now give {now}); load the spec again to get "
+            f"the new run hashes",
+            field="corpus.fingerprint",
+            source=source,
+            allowed="a config resolved from the current sources",
+        )
     out = cfg.model_copy(deep=True)
     out.corpus.fingerprint = now
     return out
@@ -439,10 +490,16 @@ class Corpus:
 
     def stats(self) -> dict:
         def count(docs: list[Doc]) -> dict:
-            return {"documents": len(docs), "sentences": sum(len(d) for d in docs),
-                    "words": sum(len(s.split()) for d in docs for s in d)}
-        return {"splits": {n: count(self.split(n)) for n in ("train", "valid", "test")},
-                "sources": self.per_source}
+            return {
+                "documents": len(docs),
+                "sentences": sum(len(d) for d in docs),
+                "words": sum(len(s.split()) for d in docs for s in d),
+            }
+
+        return {
+            "splits": {n: count(self.split(n)) for n in ("train", "valid", "test")},
+            "sources": self.per_source,
+        }
 
 
 def _unit(seed: int, source: int, doc: int) -> float:
@@ -458,8 +515,12 @@ def load_corpus(cfg: CorpusConfig, progress: bool = True) -> Corpus:
     keyed: list[tuple[float, int, Doc]] = []
     for si, src in enumerate(cfg.sources):
         n_docs = n_sents = n_words = 0
-        it = tqdm(read_source(src, f"corpus.sources[{si}]"), desc=f"read {src.kind}", unit="doc",
-                  disable=not progress)
+        it = tqdm(
+            read_source(src, f"corpus.sources[{si}]"),
+            desc=f"read {src.kind}",
+            unit="doc",
+            disable=not progress,
+        )
         for di, doc in enumerate(it):
             if src.max_documents is not None and di >= src.max_documents:
                 break
@@ -467,14 +528,23 @@ def load_corpus(cfg: CorpusConfig, progress: bool = True) -> Corpus:
             n_docs += 1
             n_sents += len(doc)
             n_words += sum(len(s.split()) for s in doc)
-        entry = {"kind": src.kind, "path": src.path, "name": src.name,
-                 "documents": n_docs, "sentences": n_sents, "words": n_words}
+        entry = {
+            "kind": src.kind,
+            "path": src.path,
+            "name": src.name,
+            "documents": n_docs,
+            "sentences": n_sents,
+            "words": n_words,
+        }
         if src.kind == "hf" and not Path(src.name).exists():  # a hub dataset: which commit was read
             entry["revision"] = src.revision or _hub_revision(src)
         corpus.per_source.append(entry)
     if not keyed:
-        raise StudyError("the corpus has no documents", field="corpus.sources",
-                         allowed="sources that contain at least one non-empty document")
+        raise StudyError(
+            "the corpus has no documents",
+            field="corpus.sources",
+            allowed="sources that contain at least one non-empty document",
+        )
 
     def put(name: str, si: int, doc: Doc) -> None:
         corpus.split(name).append(doc)

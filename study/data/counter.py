@@ -15,6 +15,7 @@ arithmetic shift: a logical shift is the shift followed by a mask (`_lsr`). So t
 the same bits on CPU and CUDA; tests/test_masking.py checks them against a pure-Python uint64 reference,
 tests/test_cuda.py CPU against CUDA.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,7 @@ def _signed(c: int) -> int:
 GOLDEN = _signed(0x9E3779B97F4A7C15)
 C1 = _signed(0xBF58476D1CE4E5B9)
 C2 = _signed(0x94D049BB133111EB)
-DOMAIN = _signed(0x6D61736B696E6721)    # "masking!": the start of every row key
+DOMAIN = _signed(0x6D61736B696E6721)  # "masking!": the start of every row key
 COUNTER_BITS = 24
 
 # streams: one per use, so no two uses of a row ever read the same draw
@@ -68,7 +69,7 @@ def bits(keys: torch.Tensor, stream: int, counters: torch.Tensor) -> torch.Tenso
 
 def uniform(b: torch.Tensor) -> torch.Tensor:
     """Random bits -> float64 uniforms in [0, 1), multiples of 2**-53."""
-    return _lsr(b, 11).double() * (2.0 ** -53)
+    return _lsr(b, 11).double() * (2.0**-53)
 
 
 def below(b: torch.Tensor, n: int) -> torch.Tensor:

@@ -32,6 +32,7 @@ Formats (`objective.format` x `objective.sentence`):
 Randomness: one np.random.Generator per (seed, epoch, copy) from a SeedSequence: same seed ->
 byte-identical instances, no global RNG. Instances come out in corpus order; the trainer shuffles.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -48,18 +49,18 @@ _TAG = 0x1257  # keeps instance streams apart from other streams derived from th
 
 @dataclass(frozen=True)
 class Instances:
-    input_ids: np.ndarray       # int32 [N, L], [PAD]-padded
+    input_ids: np.ndarray  # int32 [N, L], [PAD]-padded
     token_type_ids: np.ndarray  # int8  [N, L], 1 on B and its closing [SEP]
-    lengths: np.ndarray         # int32 [N]   non-pad tokens
+    lengths: np.ndarray  # int32 [N]   non-pad tokens
     sentence_label: np.ndarray  # int8  [N]   NSP 0=IsNext 1=NotNext; SOP 0=in order 1=swapped; -1 none
     # diagnostics (token offsets into split.ids, [start, end)); B fields are -1 without a B
-    a_span: np.ndarray          # int64 [N, 2] tokens of A (or X) as they appear in the row
-    b_span: np.ndarray          # int64 [N, 2]
-    a_full: np.ndarray          # int64 [N, 2] A before truncation (whole sentences unless a split one)
-    b_full: np.ndarray          # int64 [N, 2]
-    a_doc: np.ndarray           # int32 [N] document of A's first token
-    a_doc_last: np.ndarray      # int32 [N] document of A's last token (differs only in full_sentences)
-    b_doc: np.ndarray           # int32 [N]
+    a_span: np.ndarray  # int64 [N, 2] tokens of A (or X) as they appear in the row
+    b_span: np.ndarray  # int64 [N, 2]
+    a_full: np.ndarray  # int64 [N, 2] A before truncation (whole sentences unless a split one)
+    b_full: np.ndarray  # int64 [N, 2]
+    a_doc: np.ndarray  # int32 [N] document of A's first token
+    a_doc_last: np.ndarray  # int32 [N] document of A's last token (differs only in full_sentences)
+    b_doc: np.ndarray  # int32 [N]
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -123,8 +124,9 @@ def truncation_counts(la: int, lb: int, max_tokens: int) -> tuple[int, int]:
     return e // 2, d + (e + 1) // 2
 
 
-def _gather(out: np.ndarray, rows: np.ndarray, col0: np.ndarray, src: np.ndarray,
-            starts: np.ndarray, lens: np.ndarray) -> None:
+def _gather(
+    out: np.ndarray, rows: np.ndarray, col0: np.ndarray, src: np.ndarray, starts: np.ndarray, lens: np.ndarray
+) -> None:
     """out[rows[i], col0[i] + j] = src[starts[i] + j] for j < lens[i], without a Python loop."""
     lens = lens.astype(np.int64)
     total = int(lens.sum())
@@ -156,15 +158,24 @@ def _validate(split: TokenizedSplit, obj: ObjectiveConfig) -> None:
     need = 5 if pair else 3
     if obj.max_seq_len < need:
         shape = "[CLS] A [SEP] B [SEP]" if pair else "[CLS] X [SEP]"
-        raise StudyError(f"max_seq_len {obj.max_seq_len} cannot hold {shape} with one token per segment",
-                         field="objective.max_seq_len", allowed=f"an integer >= {max(need, 8)}")
+        raise StudyError(
+            f"max_seq_len {obj.max_seq_len} cannot hold {shape} with one token per segment",
+            field="objective.max_seq_len",
+            allowed=f"an integer >= {max(need, 8)}",
+        )
     if split.n_tokens == 0:
-        raise StudyError("the tokenized split is empty", field="corpus.sources",
-                         allowed="sources with at least one non-empty document in every split")
+        raise StudyError(
+            "the tokenized split is empty",
+            field="corpus.sources",
+            allowed="sources with at least one non-empty document in every split",
+        )
     if obj.sentence == "nsp" and len(_nonempty_docs(split)) < 2:
-        raise StudyError("NSP draws NotNext segments from another document, but the split has "
-                         f"{len(_nonempty_docs(split))} non-empty document(s)", field="corpus.sources",
-                         allowed="a corpus with at least 2 documents per split, or objective.sentence: none|sop")
+        raise StudyError(
+            "NSP draws NotNext segments from another document, but the split has "
+            f"{len(_nonempty_docs(split))} non-empty document(s)",
+            field="corpus.sources",
+            allowed="a corpus with at least 2 documents per split, or objective.sentence: none|sop",
+        )
 
 
 # --------------------------------------------------------------------------- pair formats
@@ -172,7 +183,7 @@ def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator
     """Token ranges of A and B for segment_pair / sentence_pair (one Python step per sentence)."""
     draws = _Draws(rng)
     u, randint = draws.u, draws.randint
-    T = split.sent_starts.tolist()          # Python ints: scalar numpy indexing is ~10x slower
+    T = split.sent_starts.tolist()  # Python ints: scalar numpy indexing is ~10x slower
     dstart = split.doc_starts.tolist()
     docs = _nonempty_docs(split).tolist()
     doc_pos = {d: k for k, d in enumerate(docs)}
@@ -195,7 +206,7 @@ def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator
         if random_b is not None:
             rec.append((a0, a1, random_b[0], random_b[1], 1, random_b[2]))
         elif sop and u() < 0.5:
-            rec.append((c0, c1, a0, a1, 1, d))   # swapped: the later segment comes first
+            rec.append((c0, c1, a0, a1, 1, d))  # swapped: the later segment comes first
         else:
             rec.append((a0, a1, c0, c1, 0 if (nsp or sop) else -1, d))
 
@@ -249,7 +260,7 @@ def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator
                     rd = other_doc(d)
                     rs = randint(dstart[rd], dstart[rd + 1] - 1)
                     emit(d, T[i], T[i + 1], -1, -1, (T[rs], T[rs + 1], rd))
-                    i += 1                              # B came from elsewhere: the next sentence stays
+                    i += 1  # B came from elsewhere: the next sentence stays
                 elif i + 1 < last:
                     emit(d, T[i], T[i + 1], T[i + 1], T[i + 2], None)
                     i += 2
@@ -259,20 +270,30 @@ def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator
                         emit(d, *cut, None)
                     i += 1
     if not rec:
-        raise StudyError("no pair instance could be built (every document is a single 1-token sentence)",
-                         field="corpus.sources", allowed="documents with at least 2 tokens")
+        raise StudyError(
+            "no pair instance could be built (every document is a single 1-token sentence)",
+            field="corpus.sources",
+            allowed="documents with at least 2 tokens",
+        )
     arr = np.asarray(rec, dtype=np.int64)
     a_full, b_full = arr[:, 0:2].copy(), arr[:, 2:4].copy()
     la, lb = a_full[:, 1] - a_full[:, 0], b_full[:, 1] - b_full[:, 0]
     # BERT's truncate_seq_pair: counts in closed form, each removed token from the front w.p. 1/2
-    cuts = np.array([truncation_counts(x, y, max_tokens) for x, y in zip(la.tolist(), lb.tolist())],
-                    dtype=np.int64).reshape(-1, 2)
+    cuts = np.array(
+        [truncation_counts(x, y, max_tokens) for x, y in zip(la.tolist(), lb.tolist())], dtype=np.int64
+    ).reshape(-1, 2)
     front_a = rng.binomial(cuts[:, 0], 0.5)
     front_b = rng.binomial(cuts[:, 1], 0.5)
     a_span = np.stack([a_full[:, 0] + front_a, a_full[:, 1] - (cuts[:, 0] - front_a)], axis=1)
     b_span = np.stack([b_full[:, 0] + front_b, b_full[:, 1] - (cuts[:, 1] - front_b)], axis=1)
-    return dict(a_span=a_span, b_span=b_span, a_full=a_full, b_full=b_full,
-                sentence_label=arr[:, 4].astype(np.int8), b_doc=arr[:, 5].astype(np.int32))
+    return dict(
+        a_span=a_span,
+        b_span=b_span,
+        a_full=a_full,
+        b_full=b_full,
+        sentence_label=arr[:, 4].astype(np.int8),
+        b_doc=arr[:, 5].astype(np.int32),
+    )
 
 
 def _assemble_pairs(split: TokenizedSplit, p: dict, L: int, special: SpecialIds) -> Instances:
@@ -289,15 +310,31 @@ def _assemble_pairs(split: TokenizedSplit, p: dict, L: int, special: SpecialIds)
     col = np.arange(L)[None, :]
     tt = ((col >= (2 + la)[:, None]) & (col <= (2 + la + lb)[:, None])).astype(np.int8)
     a_doc = _doc_of_token(split, a[:, 0])
-    return Instances(input_ids=ids, token_type_ids=tt, lengths=(3 + la + lb).astype(np.int32),
-                     sentence_label=p["sentence_label"], a_span=a, b_span=b, a_full=p["a_full"],
-                     b_full=p["b_full"], a_doc=a_doc, a_doc_last=_doc_of_token(split, a[:, 1] - 1),
-                     b_doc=p["b_doc"])
+    return Instances(
+        input_ids=ids,
+        token_type_ids=tt,
+        lengths=(3 + la + lb).astype(np.int32),
+        sentence_label=p["sentence_label"],
+        a_span=a,
+        b_span=b,
+        a_full=p["a_full"],
+        b_full=p["b_full"],
+        a_doc=a_doc,
+        a_doc_last=_doc_of_token(split, a[:, 1] - 1),
+        b_doc=p["b_doc"],
+    )
 
 
 # --------------------------------------------------------------------------- packed formats
-def _single(split: TokenizedSplit, src: np.ndarray, starts: np.ndarray, lens: np.ndarray,
-            a_span: np.ndarray, L: int, special: SpecialIds) -> Instances:
+def _single(
+    split: TokenizedSplit,
+    src: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    a_span: np.ndarray,
+    L: int,
+    special: SpecialIds,
+) -> Instances:
     n = len(starts)
     rows = np.arange(n, dtype=np.int64)
     ids = np.full((n, L), special.pad, dtype=np.int32)
@@ -305,11 +342,19 @@ def _single(split: TokenizedSplit, src: np.ndarray, starts: np.ndarray, lens: np
     _gather(ids, rows, np.ones(n, np.int64), src, starts, lens)
     ids[rows, 1 + lens] = special.sep
     none2 = np.full((n, 2), -1, dtype=np.int64)
-    return Instances(input_ids=ids, token_type_ids=np.zeros((n, L), np.int8),
-                     lengths=(lens + 2).astype(np.int32), sentence_label=np.full(n, -1, np.int8),
-                     a_span=a_span, b_span=none2, a_full=a_span.copy(), b_full=none2.copy(),
-                     a_doc=_doc_of_token(split, a_span[:, 0]), a_doc_last=_doc_of_token(split, a_span[:, 1] - 1),
-                     b_doc=np.full(n, -1, np.int32))
+    return Instances(
+        input_ids=ids,
+        token_type_ids=np.zeros((n, L), np.int8),
+        lengths=(lens + 2).astype(np.int32),
+        sentence_label=np.full(n, -1, np.int8),
+        a_span=a_span,
+        b_span=none2,
+        a_full=a_span.copy(),
+        b_full=none2.copy(),
+        a_doc=_doc_of_token(split, a_span[:, 0]),
+        a_doc_last=_doc_of_token(split, a_span[:, 1] - 1),
+        b_doc=np.full(n, -1, np.int32),
+    )
 
 
 def _doc_blocks(split: TokenizedSplit, L: int, special: SpecialIds, rng: np.random.Generator) -> Instances:
@@ -334,16 +379,16 @@ def _full_blocks(split: TokenizedSplit, L: int, special: SpecialIds, rng: np.ran
     C = L - 2
     doc_tok = split.sent_starts[split.doc_starts].astype(np.int64)
     docs = _nonempty_docs(split)
-    ins = doc_tok[docs[1:]]                                # ids offsets where a separator goes in
+    ins = doc_tok[docs[1:]]  # ids offsets where a separator goes in
     stream = np.insert(split.ids, ins, np.int32(special.sep))
-    sep_pos = ins + np.arange(len(ins), dtype=np.int64)    # separator positions in stream coordinates
+    sep_pos = ins + np.arange(len(ins), dtype=np.int64)  # separator positions in stream coordinates
     is_sep = np.zeros(len(stream) + 1, dtype=bool)
     is_sep[sep_pos] = True
     Ts = len(stream)
-    r = int(rng.integers(1, C + 1))                        # random grid offset: only first/last blocks short
+    r = int(rng.integers(1, C + 1))  # random grid offset: only first/last blocks short
     starts = np.concatenate([[0], np.arange(r, Ts, C, dtype=np.int64)]) if r < Ts else np.zeros(1, np.int64)
     ends = np.append(starts[1:], Ts)
-    starts = starts + is_sep[starts]                       # never open or close a row on a separator
+    starts = starts + is_sep[starts]  # never open or close a row on a separator
     ends = ends - is_sep[ends - 1]
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
@@ -354,8 +399,9 @@ def _full_blocks(split: TokenizedSplit, L: int, special: SpecialIds, rng: np.ran
 
 
 # --------------------------------------------------------------------------- public API
-def build_instances(split: TokenizedSplit, obj: ObjectiveConfig, special: SpecialIds, seed: int,
-                    epoch: int = 0) -> Instances:
+def build_instances(
+    split: TokenizedSplit, obj: ObjectiveConfig, special: SpecialIds, seed: int, epoch: int = 0
+) -> Instances:
     """All instances of one pass over `split`; `dupe_factor` copies with derived seeds, concatenated."""
     _validate(split, obj)
     L = obj.max_seq_len
@@ -369,8 +415,11 @@ def build_instances(split: TokenizedSplit, obj: ObjectiveConfig, special: Specia
         elif obj.format == "full_sentences":
             parts.append(_full_blocks(split, L, special, rng))
         else:  # unreachable through ObjectiveConfig's Literal, kept for hand-built configs
-            raise StudyError(f"unknown format {obj.format!r}", field="objective.format",
-                             allowed="segment_pair, sentence_pair, full_sentences, doc_sentences")
+            raise StudyError(
+                f"unknown format {obj.format!r}",
+                field="objective.format",
+                allowed="segment_pair, sentence_pair, full_sentences, doc_sentences",
+            )
     return parts[0] if len(parts) == 1 else Instances.concat(parts)
 
 

@@ -41,6 +41,7 @@ Measured on 1M Gutenberg tokens (tests/test_masking.py tests 0.2 pp, 1 pp, 5%), 
 within 0.08 pp for 0.05..0.8 in every unit and count mode, the split within 0.3 pp per unit, mean span
 4.46 words at 15% against the exact 4.463 (4.24 at 80%, where crowded rows cut spans); numpy: 4.47.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -57,8 +58,9 @@ from study.errors import StudyError
 
 IGNORE = -100
 REFERENCE_SEED = 1234
-REFERENCE = MaskingConfig(rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact",
-                          generator="numpy")
+REFERENCE = MaskingConfig(
+    rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact", generator="numpy"
+)
 
 
 @functools.lru_cache(maxsize=8)
@@ -86,8 +88,10 @@ class _GeneratorDraws:
     def __init__(self, B: int, L: int, n_table: int, gens, device: torch.device):
         self.gens, self.L = gens, L
         if isinstance(gens, torch.Generator):
-            R, ri = (torch.rand((B, 4 * L + 1), generator=gens, dtype=torch.float64),
-                     torch.randint(n_table, (B, L), generator=gens))
+            R, ri = (
+                torch.rand((B, 4 * L + 1), generator=gens, dtype=torch.float64),
+                torch.randint(n_table, (B, L), generator=gens),
+            )
         elif B == 0:
             R, ri = torch.zeros((0, 4 * L + 1), dtype=torch.float64), torch.zeros((0, L), dtype=torch.long)
         else:
@@ -100,7 +104,7 @@ class _GeneratorDraws:
 
     def u(self, stream: int) -> torch.Tensor:
         b = self.BLOCK[stream] * self.L
-        return self.R[:, b:b + self.L]
+        return self.R[:, b : b + self.L]
 
     def coin(self) -> torch.Tensor:
         return self.R[:, 4 * self.L]
@@ -126,14 +130,20 @@ def _exact_targets(m: torch.Tensor, cfg: MaskingConfig, coin: torch.Tensor) -> t
 
 def check_continuation(n_ids: int, max_id: int) -> None:
     if n_ids <= max_id:
-        raise StudyError(f"continuation mask covers {n_ids} ids but the batch holds id {max_id}",
-                         field="tokenizer.vocab_size", allowed="the tokenizer the instances were built with")
+        raise StudyError(
+            f"continuation mask covers {n_ids} ids but the batch holds id {max_id}",
+            field="tokenizer.vocab_size",
+            allowed="the tokenizer the instances were built with",
+        )
 
 
 def _word_starts(ids: torch.Tensor, maskable: torch.Tensor, continuation) -> torch.Tensor:
     if continuation is None:
-        raise StudyError("whole_word / span masking needs the tokenizer's continuation mask",
-                         field="masking.unit", allowed="token (or pass `continuation`)")
+        raise StudyError(
+            "whole_word / span masking needs the tokenizer's continuation mask",
+            field="masking.unit",
+            allowed="token (or pass `continuation`)",
+        )
     cont = torch.as_tensor(continuation, dtype=torch.bool, device=ids.device)
     if ids.numel() and ids.device.type == "cpu":  # elsewhere a host read: Batches checks each epoch once
         check_continuation(cont.numel(), int(ids.max()))
@@ -156,7 +166,7 @@ def _select_token(maskable, cfg, D):
     scores = D.u(SCORE)
     if cfg.count == "bernoulli":
         selected = (scores < cfg.rate) & maskable
-        if cfg.max_predictions is not None:   # the cap holds in every count mode (as in BERT)
+        if cfg.max_predictions is not None:  # the cap holds in every count mode (as in BERT)
             selected &= _rank(torch.where(selected, scores, 2.0)) < cfg.max_predictions
     else:
         n_sel = _exact_targets(maskable.sum(dim=1), cfg, D.coin())
@@ -170,10 +180,11 @@ def _words(start: torch.Tensor, maskable: torch.Tensor):
     """Per row, word slots k < L: (word of each position, words per row, valid slot [B, L], word lengths [B, L])."""
     B, L = start.shape
     k = torch.arange(L, device=start.device)
-    wk = torch.cumsum(start, 1) - 1                                   # meaningful on maskable positions
+    wk = torch.cumsum(start, 1) - 1  # meaningful on maskable positions
     n_words = start.sum(1)
     w_len = torch.zeros(B, L + 1, dtype=torch.int64, device=start.device).scatter_add_(
-        1, torch.where(maskable, wk, L), maskable.long())[:, :L]      # column L collects the rest
+        1, torch.where(maskable, wk, L), maskable.long()
+    )[:, :L]  # column L collects the rest
     return wk, n_words, k < n_words.unsqueeze(1), w_len
 
 
@@ -182,11 +193,11 @@ def _select_whole_word(ids, maskable, cfg, continuation, D):
     start = _word_starts(ids, maskable, continuation)
     wk, _, valid, w_len = _words(start, maskable)
     key = torch.where(valid, D.u(WORD_KEY), 2.0)
-    order = torch.sort(key, dim=1, stable=True).indices              # each row's words in random order
-    lens = w_len.gather(1, order)                                    # (the row's words first: valid in place)
+    order = torch.sort(key, dim=1, stable=True).indices  # each row's words in random order
+    lens = w_len.gather(1, order)  # (the row's words first: valid in place)
     if cfg.count == "bernoulli":
         take = key.gather(1, order) < cfg.rate
-        if cfg.max_predictions is not None:   # the cap holds in every count mode (as in BERT)
+        if cfg.max_predictions is not None:  # the cap holds in every count mode (as in BERT)
             take &= torch.cumsum(torch.where(take, lens, 0), 1) <= cfg.max_predictions
     else:
         # the target stays real-valued: the crossing-word coin below makes the count exact in expectation
@@ -194,10 +205,10 @@ def _select_whole_word(ids, maskable, cfg, continuation, D):
         if cfg.max_predictions is not None:
             t = torch.clamp(t, max=float(cfg.max_predictions))
         t = t.unsqueeze(1)
-        after = torch.cumsum(lens, 1)                                # tokens taken up to and with this word
+        after = torch.cumsum(lens, 1)  # tokens taken up to and with this word
         before = after - lens
         crossing = (before < t) & (after > t)
-        if cfg.max_predictions is not None:                          # the cap is a hard limit
+        if cfg.max_predictions is not None:  # the cap is a hard limit
             crossing &= after <= cfg.max_predictions
         coin = D.u(WORD_COIN).gather(1, order)
         take = ((after <= t) | (crossing & (coin * lens < (t - before)))) & valid
@@ -237,25 +248,25 @@ class _Uniforms:
 def _select_span_loop(start, maskable, cfg, D: _GeneratorDraws):
     """Spans, generator "numpy": a Python loop per row and per span, drawing on from the row's generator."""
     B, L = start.shape
-    slots = np.full((B, L), -1, dtype=np.int64)   # numpy: per-span torch slicing costs ~5 µs each
+    slots = np.full((B, L), -1, dtype=np.int64)  # numpy: per-span torch slicing costs ~5 µs each
     pmf = clipped_geometric_pmf(cfg.span_p, cfg.span_max)
     cdf = np.cumsum(pmf).tolist()
     ks = np.arange(1, cfg.span_max + 1)
     start_np, mask_np, R_np = start.cpu().numpy(), maskable.cpu().numpy(), D.R.cpu().numpy()
     shared = _Uniforms(D.gens) if isinstance(D.gens, torch.Generator) else None
     for r in range(B):
-        pos = np.nonzero(start_np[r])[0]                          # word start positions
+        pos = np.nonzero(start_np[r])[0]  # word start positions
         W = len(pos)
         if W == 0:
             continue
         u = shared or _Uniforms(D.gens[r])
         wid = np.cumsum(start_np[r]) - 1
-        w_end = pos + np.bincount(wid[mask_np[r]], minlength=W)   # a word's pieces are contiguous
+        w_end = pos + np.bincount(wid[mask_np[r]], minlength=W)  # a word's pieces are contiguous
         # words i and i+1 can share a span only when nothing unmaskable ([SEP], [PAD]) lies between
         joined = np.append(w_end[:-1] == pos[1:], False)
         free = np.ones(W, dtype=bool)
         if cfg.count == "bernoulli":
-            R_words = float(np.sum(R_np[r, 2 * L:2 * L + W] < cfg.rate))  # Binomial(W, rate) words
+            R_words = float(np.sum(R_np[r, 2 * L : 2 * L + W] < cfg.rate))  # Binomial(W, rate) words
         else:
             R_words = cfg.rate * W
         cap = cfg.max_predictions if cfg.max_predictions is not None else L
@@ -263,27 +274,27 @@ def _select_span_loop(start, maskable, cfg, D: _GeneratorDraws):
         idx = np.arange(W)
         while R_words > 0 and taken_tok < cap:
             # fit[i] = number of consecutive free, joined words starting at word i (0 if i is taken)
-            chain = free & joined & np.append(free[1:], False)     # word i's span may go on to i+1
-            stops = np.nonzero(~chain)[0]                           # last word of each chain
+            chain = free & joined & np.append(free[1:], False)  # word i's span may go on to i+1
+            stops = np.nonzero(~chain)[0]  # last word of each chain
             fit = np.where(free, stops[np.searchsorted(stops, idx)] - idx + 1, 0)
             longest = int(fit.max())
             if longest == 0:
                 break
             # E[(placed length - R)+]; a span longer than every free run is cut to the longest one
             over = float(np.sum(np.maximum(np.minimum(ks, longest) - R_words, 0) * pmf))
-            if u() >= R_words / (R_words + over):                   # decided before seeing the length
+            if u() >= R_words / (R_words + over):  # decided before seeing the length
                 break
             length = min(bisect.bisect_right(cdf, u()) + 1, cfg.span_max, longest)
             anchors = np.nonzero(fit >= length)[0]
             a = int(anchors[min(int(u() * len(anchors)), len(anchors) - 1)])
             t0, t1 = int(pos[a]), int(w_end[a + length - 1])
-            if taken_tok + (t1 - t0) > cap:                        # max_predictions is a hard limit:
-                ends = w_end[a:a + length]                         # keep whole words up to the cap
+            if taken_tok + (t1 - t0) > cap:  # max_predictions is a hard limit:
+                ends = w_end[a : a + length]  # keep whole words up to the cap
                 n_fit = int(np.searchsorted(ends - t0, cap - taken_tok, side="right"))
                 if n_fit == 0:
                     break
                 length, t1 = n_fit, int(ends[n_fit - 1])
-            free[a:a + length] = False
+            free[a : a + length] = False
             slots[r, t0:t1] = r * L + k
             k += 1
             taken_tok += t1 - t0
@@ -299,9 +310,9 @@ def _span_tables(p: float, m_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     A, Bt = np.zeros((m_max + 1, m_max + 1)), np.zeros((m_max + 1, m_max + 1))
     for m in range(1, m_max + 1):
         q = pmf[:m].copy()
-        q[m - 1] = pmf[m - 1:].sum()
+        q[m - 1] = pmf[m - 1 :].sum()
         k = np.arange(1, m + 1)
-        A[m, :m] = np.cumsum(q[::-1])[::-1]               # column j sums k >= j + 1
+        A[m, :m] = np.cumsum(q[::-1])[::-1]  # column j sums k >= j + 1
         Bt[m, :m] = np.cumsum((k * q)[::-1])[::-1]
     return np.cumsum(pmf), A.reshape(-1), Bt.reshape(-1)
 
@@ -318,12 +329,13 @@ def _select_span_rounds(start, maskable, cfg, D: counter.CounterDraws):
     wk, n_words, valid, w_len = _words(start, maskable)
     k = torch.arange(L, device=dev)
     pos = torch.full((B, L + 1), L, dtype=torch.int64, device=dev).scatter_(
-        1, torch.where(start, wk, L), k.expand(B, L).contiguous())[:, :L]   # first position of word k
+        1, torch.where(start, wk, L), k.expand(B, L).contiguous()
+    )[:, :L]  # first position of word k
     w_end = pos + w_len
-    joined = torch.zeros_like(valid)            # words k, k+1 may share a span: nothing unmaskable between
+    joined = torch.zeros_like(valid)  # words k, k+1 may share a span: nothing unmaskable between
     joined[:, :-1] = (w_end[:, :-1] == pos[:, 1:]) & valid[:, 1:]
     free = valid.clone()
-    if cfg.count == "bernoulli":                # Binomial(W, rate) words
+    if cfg.count == "bernoulli":  # Binomial(W, rate) words
         budget = ((D.u(counter.SPAN_BUDGET) < cfg.rate) & valid).sum(1).double()
     else:
         budget = n_words.double() * cfg.rate
@@ -335,7 +347,7 @@ def _select_span_rounds(start, maskable, cfg, D: counter.CounterDraws):
     slots = torch.full((B, L), -1, dtype=torch.int64, device=dev)
     row_base = (torch.arange(B, device=dev) * L).unsqueeze(1)
     three = torch.arange(3, device=dev)
-    check = 1 if dev.type == "cpu" else 4       # rounds between host reads of `active` (extra rounds are no-ops)
+    check = 1 if dev.type == "cpu" else 4  # rounds between host reads of `active` (extra rounds are no-ops)
     for t in range(L):
         if t % check == 0 and not bool(active.any()):
             break
@@ -346,7 +358,10 @@ def _select_span_rounds(start, maskable, cfg, D: counter.CounterDraws):
         fit = torch.where(free, torch.cummin(stop.flip(1), 1).values.flip(1) - k + 1, 0)
         longest = fit.amax(1)
         # E[(placed length - R)+]; a span longer than every free run is cut to the longest one
-        cell = longest.clamp(max=cfg.span_max) * (cfg.span_max + 1) + budget.floor().clamp(0, cfg.span_max).long()
+        cell = (
+            longest.clamp(max=cfg.span_max) * (cfg.span_max + 1)
+            + budget.floor().clamp(0, cfg.span_max).long()
+        )
         over = Bt[cell] - budget * A[cell]
         u = counter.uniform(counter.bits(D.keys, counter.SPAN, 3 * t + three))
         active &= (budget > 0) & (taken < cap) & (longest > 0) & (u[:, 0] * (budget + over) < budget)
@@ -381,13 +396,15 @@ def _mask(ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds, continuati
     elif cfg.unit == "span":
         start = _word_starts(ids, maskable, continuation)
         slot = (_select_span_rounds if isinstance(D, counter.CounterDraws) else _select_span_loop)(
-            start, maskable, cfg, D)
+            start, maskable, cfg, D
+        )
     else:
-        raise StudyError(f"unknown masking unit {cfg.unit!r}", field="masking.unit",
-                         allowed="token, whole_word, span")
+        raise StudyError(
+            f"unknown masking unit {cfg.unit!r}", field="masking.unit", allowed="token, whole_word, span"
+        )
     selected = slot >= 0
     labels = torch.where(selected, ids, IGNORE)
-    u = D.u(SPLIT).reshape(-1)[slot.clamp(min=0)]                   # one split draw per unit
+    u = D.u(SPLIT).reshape(-1)[slot.clamp(min=0)]  # one split draw per unit
     to_mask = selected & (u < cfg.mask)
     to_random = selected & (u >= cfg.mask) & (u < cfg.mask + cfg.random)
     inputs = torch.where(to_mask, special.mask, ids)
@@ -407,29 +424,36 @@ def _run(input_ids, cfg, special, continuation, *, gens=None, keys=None):
             gens = [row_generator(k) for k in (keys.tolist() if torch.is_tensor(keys) else keys)]
         D = _GeneratorDraws(B, L, len(table), gens, ids.device)
     else:
-        if keys is None:   # one generator for the batch: one base key from it, then the row's place
-            base = int(torch.randint(2 ** 62, (1,), generator=gens))
+        if keys is None:  # one generator for the batch: one base key from it, then the row's place
+            base = int(torch.randint(2**62, (1,), generator=gens))
             keys = [(base, i) for i in range(B)]
         parts = torch.as_tensor(keys, dtype=torch.int64, device=ids.device).reshape(B, -1)
         D = counter.CounterDraws(counter.row_keys(parts), L)
     return _mask(ids, cfg, special, continuation, D, table)
 
 
-def mask_units(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
-               continuation, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def mask_units(
+    input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds, continuation, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inputs, labels, units): mask_tokens plus, at every selected position, its unit's id
     (row * L + k for the row's k-th token / word / span; unique, not contiguous), -1 elsewhere."""
     return _run(input_ids, cfg, special, continuation, gens=generator)
 
 
-def select_units(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
-                 continuation, generator: torch.Generator) -> torch.Tensor:
+def select_units(
+    input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds, continuation, generator: torch.Generator
+) -> torch.Tensor:
     """The units of mask_units alone (tests and diagnostics)."""
     return _run(input_ids, cfg, special, continuation, gens=generator)[2]
 
 
-def mask_tokens(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
-                continuation: torch.Tensor | None, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    input_ids: torch.Tensor,
+    cfg: MaskingConfig,
+    special: SpecialIds,
+    continuation: torch.Tensor | None,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (inputs, labels); labels hold the original id at selected positions, -100 elsewhere.
     One generator for the batch: "numpy" draws every row from it, "counter" one base key (rows keyed by place)."""
     inputs, labels, _ = _run(input_ids, cfg, special, continuation, gens=generator)
@@ -442,8 +466,13 @@ def row_generator(key) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
-def mask_rows(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
-              continuation: torch.Tensor | None, row_keys) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_rows(
+    input_ids: torch.Tensor,
+    cfg: MaskingConfig,
+    special: SpecialIds,
+    continuation: torch.Tensor | None,
+    row_keys,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask each row by its own key, e.g. (run seed, instance index, epoch): a list of int tuples or an
     int64 tensor [B, K] (on the rows' device: nothing then leaves it with the counter generator).
 
@@ -458,8 +487,13 @@ def mask_rows(input_ids: torch.Tensor, cfg: MaskingConfig, special: SpecialIds,
     return inputs, labels
 
 
-def reference_masking(input_ids: torch.Tensor, special: SpecialIds, instance_index: torch.Tensor,
-                      generator_seed: int = REFERENCE_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_masking(
+    input_ids: torch.Tensor,
+    special: SpecialIds,
+    instance_index: torch.Tensor,
+    generator_seed: int = REFERENCE_SEED,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Evaluation masks that depend only on (seed, instance index, ids): batch order/size cannot change them."""
-    return mask_rows(input_ids, REFERENCE, special, None,
-                     [(generator_seed, int(i)) for i in instance_index.tolist()])
+    return mask_rows(
+        input_ids, REFERENCE, special, None, [(generator_seed, int(i)) for i in instance_index.tolist()]
+    )

@@ -23,6 +23,7 @@ fingerprinted again here on every call, so that
   - a config built in code without a fingerprint still never reuses a folder built from other
     contents (the manifest records the fingerprint; a mismatch rebuilds).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,10 @@ def _write_manifest(folder: Path, data_hash: str, fingerprint: str) -> None:
         if p.is_file() and p.name != MANIFEST:
             rel = p.relative_to(folder).as_posix()
             files[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    atomic_write_json(folder / MANIFEST, {"format": FORMAT, "data_hash": data_hash, "fingerprint": fingerprint,
-                                          "files": files})
+    atomic_write_json(
+        folder / MANIFEST,
+        {"format": FORMAT, "data_hash": data_hash, "fingerprint": fingerprint, "files": files},
+    )
 
 
 _REQUIRED = ("stats.json", "tokenizer/tokenizer.json", *(f"{s}.npz" for s in SPLITS))
@@ -121,27 +124,37 @@ def _per_doc_tokens(split: TokenizedSplit) -> np.ndarray:
 
 def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
     """Build the folder for `cfg`'s data hash from sources whose fingerprint is `fp`."""
-    from study.data.corpus import load_corpus  # looked up per call: tests patch it to prove a cache hit reads nothing
+    from study.data.corpus import (
+        load_corpus,
+    )  # looked up per call: tests patch it to prove a cache hit reads nothing
     from study.data.tokenizer import tokenize_docs, train_tokenizer
 
     corpus = load_corpus(cfg.corpus, progress=progress)
     # edited while being read: the text is neither the old nor the new one (a hub download is no edit: an
     # unpinned hub source's fingerprint does not follow the cache it writes)
     if fingerprint(cfg.corpus) != fp:
-        raise StudyError("the corpus files changed while they were being read; run again", field="corpus.sources",
-                         allowed="sources that stay unchanged while the data is prepared")
+        raise StudyError(
+            "the corpus files changed while they were being read; run again",
+            field="corpus.sources",
+            allowed="sources that stay unchanged while the data is prepared",
+        )
     n_docs = len(corpus.train) + len(corpus.valid) + len(corpus.test)
     if n_docs < MIN_DOCUMENTS or not corpus.train or not corpus.valid:
         raise StudyError(
             f"the corpus is too small: {n_docs} document(s) (train {len(corpus.train)}, valid "
             f"{len(corpus.valid)}); pre-training needs a train and a validation document",
-            field="corpus.sources", allowed=f"sources with at least {MIN_DOCUMENTS} documents")
+            field="corpus.sources",
+            allowed=f"sources with at least {MIN_DOCUMENTS} documents",
+        )
     tok = train_tokenizer(corpus.train, cfg.tokenizer, out / "tokenizer", progress=progress)
     splits = {name: tokenize_docs(tok, corpus.split(name), progress=progress) for name in SPLITS}
     for name in ("train", "valid"):
         if splits[name].n_tokens == 0:
-            raise StudyError(f"the {name} split has no tokens after tokenization", field="corpus.sources",
-                             allowed="sources with text in them")
+            raise StudyError(
+                f"the {name} split has no tokens after tokenization",
+                field="corpus.sources",
+                allowed="sources with text in them",
+            )
     for name, sp in splits.items():
         sp.save(out / f"{name}.npz")
 
@@ -152,17 +165,29 @@ def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
         np.add.at(source_tokens, np.asarray(corpus.origin[name], dtype=np.int64), _per_doc_tokens(sp))
     for src, n in zip(base["sources"], source_tokens):
         src["tokens"] = int(n)
-    stats = {"data_hash": cfg.data_hash(), "fingerprint": fp,
-             "corpus_hash": corpus.content_hash(), "vocab_size": len(tok), **base}
+    stats = {
+        "data_hash": cfg.data_hash(),
+        "fingerprint": fp,
+        "corpus_hash": corpus.content_hash(),
+        "vocab_size": len(tok),
+        **base,
+    }
     atomic_write_json(out / "stats.json", stats)
     _write_manifest(out, cfg.data_hash(), fp)  # last: its presence + validity means "complete"
 
 
 def _load(cfg: RunConfig, folder: Path) -> PreparedData:
     from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids
+
     tok = load_tokenizer(folder / "tokenizer")
-    return PreparedData(dir=folder, cfg=cfg, tokenizer=tok, special=special_ids(tok),
-                        continuation=continuation_mask(tok), stats=read_json(folder / "stats.json"))
+    return PreparedData(
+        dir=folder,
+        cfg=cfg,
+        tokenizer=tok,
+        special=special_ids(tok),
+        continuation=continuation_mask(tok),
+        stats=read_json(folder / "stats.json"),
+    )
 
 
 def _created_dirs(path: Path) -> list[Path]:
@@ -215,15 +240,21 @@ def prepare_data(cfg: RunConfig, layout: Layout, progress: bool = True) -> Prepa
 
 # --------------------------------------------------------------------------- describe
 def _format_stats(stats: dict) -> list[str]:
-    lines = [f"data {stats['data_hash']}  corpus sha256 {stats['corpus_hash'][:16]}  vocab {stats['vocab_size']}"]
+    lines = [
+        f"data {stats['data_hash']}  corpus sha256 {stats['corpus_hash'][:16]}  vocab {stats['vocab_size']}"
+    ]
     lines.append(f"{'':10}{'documents':>11}{'sentences':>11}{'words':>12}{'tokens':>12}")
     for name in SPLITS:
         s = stats["splits"][name]
-        lines.append(f"{name:10}{s['documents']:>11,}{s['sentences']:>11,}{s['words']:>12,}{s['tokens']:>12,}")
+        lines.append(
+            f"{name:10}{s['documents']:>11,}{s['sentences']:>11,}{s['words']:>12,}{s['tokens']:>12,}"
+        )
     for src in stats["sources"]:
         label = f"{src['kind']}:{src.get('path') or src.get('name') or ''}".rstrip(":")
-        lines.append(f"  source {label}: {src['documents']:,} docs, {src['sentences']:,} sentences, "
-                     f"{src['words']:,} words, {src['tokens']:,} tokens")
+        lines.append(
+            f"  source {label}: {src['documents']:,} docs, {src['sentences']:,} sentences, "
+            f"{src['words']:,} words, {src['tokens']:,} tokens"
+        )
     return lines
 
 
@@ -242,8 +273,10 @@ def describe(prepared: PreparedData, n: int = 3) -> str:
     lines = _format_stats(prepared.stats)
     inst = build_instances(prepared.split("train"), cfg.objective, special, cfg.seed, epoch=0)
     k = min(n, len(inst))
-    lines.append(f"{len(inst):,} training instances (epoch 0, format {cfg.objective.format}, "
-                 f"sentence task {cfg.objective.sentence}, max_seq_len {cfg.objective.max_seq_len}); first {k}:")
+    lines.append(
+        f"{len(inst):,} training instances (epoch 0, format {cfg.objective.format}, "
+        f"sentence task {cfg.objective.sentence}, max_seq_len {cfg.objective.max_seq_len}); first {k}:"
+    )
     if k == 0:
         return "\n".join(lines)
     ids = torch.as_tensor(np.asarray(inst.input_ids[:k]), dtype=torch.long)
@@ -252,7 +285,9 @@ def describe(prepared: PreparedData, n: int = 3) -> str:
     for i in range(k):
         pieces = []
         n_tok = int(inst.lengths[i])
-        for tid, inp, lab in zip(ids[i, :n_tok].tolist(), inputs[i, :n_tok].tolist(), labels[i, :n_tok].tolist()):
+        for tid, inp, lab in zip(
+            ids[i, :n_tok].tolist(), inputs[i, :n_tok].tolist(), labels[i, :n_tok].tolist()
+        ):
             orig = tok.convert_ids_to_tokens(tid)
             if lab < 0:
                 pieces.append(orig)

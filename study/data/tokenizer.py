@@ -7,6 +7,7 @@
   always load with `from_pretrained(dir)`, which reads tokenizer.json.
 - `tokenize_docs` encodes through a per-distinct-word cache (ids identical to `encode_batch`).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -41,21 +42,32 @@ def train_tokenizer(docs: list[list[str]], cfg: TokenizerConfig, out_dir: Path, 
 
     words = count_words((s for d in docs for s in d), cfg.lowercase)
     vocab = learn_wordpiece(words, cfg.vocab_size, cfg.min_frequency, progress=progress)
-    tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]",
-                                     max_input_chars_per_word=100))
+    tok = Tokenizer(
+        models.WordPiece(
+            vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]", max_input_chars_per_word=100
+        )
+    )
     tok.normalizer = normalizers.BertNormalizer(lowercase=cfg.lowercase, strip_accents=None)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.add_special_tokens(SPECIALS)  # never split "[MASK]" etc. (as the HF trainer registers them)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=cfg.lowercase,
-                             unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
-                             cls_token="[CLS]", mask_token="[MASK]")
+    fast = BertTokenizerFast(
+        tokenizer_object=tok,
+        do_lower_case=cfg.lowercase,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+    )
     fast.save_pretrained(str(out_dir))
     return load_tokenizer(out_dir)
 
@@ -63,6 +75,7 @@ def train_tokenizer(docs: list[list[str]], cfg: TokenizerConfig, out_dir: Path, 
 def count_words(sentences, lowercase: bool) -> Counter:
     """Normalized BERT pre-tokens and their counts (what BertNormalizer + BertPreTokenizer produce)."""
     from tokenizers import normalizers, pre_tokenizers
+
     sentences = list(sentences)
     keys, _ = _pretokenize(sentences, lowercase)
     chunks = Counter(keys)
@@ -78,8 +91,9 @@ def count_words(sentences, lowercase: bool) -> Counter:
     return words
 
 
-def learn_wordpiece(words: Counter, vocab_size: int, min_frequency: int, prefix: str = "##",
-                    progress: bool = False) -> list[str]:
+def learn_wordpiece(
+    words: Counter, vocab_size: int, min_frequency: int, prefix: str = "##", progress: bool = False
+) -> list[str]:
     """The vocabulary, in id order: specials, characters, '##' characters, then merges in order.
 
     Every character is kept (like the HF trainer without limit_alphabet); then the most frequent
@@ -111,7 +125,7 @@ def learn_wordpiece(words: Counter, vocab_size: int, min_frequency: int, prefix:
             continue
         if c < min_frequency:
             break
-        merged = sa + sb[len(prefix):]
+        merged = sa + sb[len(prefix) :]
         if merged not in tid:  # two merge paths can spell the same piece: keep one id
             tid[merged] = len(toks)
             toks.append(merged)
@@ -153,6 +167,7 @@ def learn_wordpiece(words: Counter, vocab_size: int, min_frequency: int, prefix:
 
 def load_tokenizer(dir: Path):
     from transformers import BertTokenizerFast
+
     return BertTokenizerFast.from_pretrained(str(dir))
 
 
@@ -171,8 +186,14 @@ def save_beside_model(tok, out_dir: Path, max_positions: int) -> None:
 
 
 def special_ids(tok) -> SpecialIds:
-    return SpecialIds(pad=tok.pad_token_id, unk=tok.unk_token_id, cls=tok.cls_token_id,
-                      sep=tok.sep_token_id, mask=tok.mask_token_id, vocab_size=len(tok))
+    return SpecialIds(
+        pad=tok.pad_token_id,
+        unk=tok.unk_token_id,
+        cls=tok.cls_token_id,
+        sep=tok.sep_token_id,
+        mask=tok.mask_token_id,
+        vocab_size=len(tok),
+    )
 
 
 def continuation_mask(tok) -> np.ndarray:
@@ -198,19 +219,25 @@ _PRINTABLE = re.compile(r"[\x20-\x7e]*\Z")
 _ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # BERT: every ASCII non-alnum is punctuation
 _BERT_WS = re.compile(r"[ \t\n\r]+")
 _KEYS_PER_TEXT = 1024  # distinct words joined into one text (amortizes the per-Encoding overhead)
-_TEXTS_PER_CALL = 16   # texts per encode_batch (Rust may run them in parallel)
+_TEXTS_PER_CALL = 16  # texts per encode_batch (Rust may run them in parallel)
 
 
 def _word_cache_lowercase(tok) -> bool | None:
     """Whether the fast path applies (the standard BERT pipeline), and if it lowercases; None if not."""
     spec = json.loads(tok.backend_tokenizer.to_str())
     norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
-    if norm.get("type") != "BertNormalizer" or pre.get("type") != "BertPreTokenizer" or model.get("type") != "WordPiece":
+    if (
+        norm.get("type") != "BertNormalizer"
+        or pre.get("type") != "BertPreTokenizer"
+        or model.get("type") != "WordPiece"
+    ):
         return None
     return bool(norm.get("lowercase"))
 
 
-def _pretokenize(sentences: list[str], lowercase: bool, added: tuple[str, ...] = ()) -> tuple[list[str], np.ndarray]:
+def _pretokenize(
+    sentences: list[str], lowercase: bool, added: tuple[str, ...] = ()
+) -> tuple[list[str], np.ndarray]:
     """All sentences' cache keys back to back, and how many keys each sentence has.
 
     `added`: the tokenizer's added/special tokens ("[MASK]"...). Rust matches them in the raw text
@@ -248,10 +275,12 @@ def _encode_keys(backend, keys: list[str], progress: bool) -> tuple[np.ndarray, 
     Keys are joined with spaces into texts of _KEYS_PER_TEXT keys; a token belongs to the key
     whose character span holds its start offset (a key may give 0, 1 or many tokens). (Passing
     the keys as pre-tokenized input and using word_ids is ~25% slower in Rust.)"""
-    groups = [keys[b:b + _KEYS_PER_TEXT] for b in range(0, len(keys), _KEYS_PER_TEXT)]
+    groups = [keys[b : b + _KEYS_PER_TEXT] for b in range(0, len(keys), _KEYS_PER_TEXT)]
     ids_parts, lens_parts = [], []
-    for g0 in tqdm(range(0, len(groups), _TEXTS_PER_CALL), desc="tokenize", unit="batch", disable=not progress):
-        batch = groups[g0:g0 + _TEXTS_PER_CALL]
+    for g0 in tqdm(
+        range(0, len(groups), _TEXTS_PER_CALL), desc="tokenize", unit="batch", disable=not progress
+    ):
+        batch = groups[g0 : g0 + _TEXTS_PER_CALL]
         encs = backend.encode_batch([" ".join(g) for g in batch], add_special_tokens=False)
         for g, enc in zip(batch, encs):
             key_starts = np.zeros(len(g), dtype=np.int64)
@@ -265,8 +294,9 @@ def _encode_keys(backend, keys: list[str], progress: bool) -> tuple[np.ndarray, 
     return ids, lens
 
 
-def encode_sentences(tok, sentences: list[str], progress: bool = False,
-                     word_cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def encode_sentences(
+    tok, sentences: list[str], progress: bool = False, word_cache: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [n_tokens], lens int64 [n_sentences]); no special tokens."""
     lowercase = _word_cache_lowercase(tok) if word_cache else None
     if lowercase is None:
@@ -290,18 +320,22 @@ def encode_sentences(tok, sentences: list[str], progress: bool = False,
     return ids.astype(np.int32, copy=False), sent_lens
 
 
-def _encode_plain(tok, sentences: list[str], progress: bool, batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def _encode_plain(
+    tok, sentences: list[str], progress: bool, batch: int = 4096
+) -> tuple[np.ndarray, np.ndarray]:
     """The reference path: Rust batch encoding of whole sentences."""
     backend = tok.backend_tokenizer
     parts: list[list[int]] = []
     for b in tqdm(range(0, len(sentences), batch), desc="tokenize", unit="batch", disable=not progress):
-        parts.extend(e.ids for e in backend.encode_batch(sentences[b:b + batch], add_special_tokens=False))
+        parts.extend(e.ids for e in backend.encode_batch(sentences[b : b + batch], add_special_tokens=False))
     lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     ids = np.fromiter(itertools.chain.from_iterable(parts), dtype=np.int32, count=int(lens.sum()))
     return ids, lens
 
 
-def tokenize_docs(tok, docs: list[list[str]], progress: bool = True, word_cache: bool = True) -> TokenizedSplit:
+def tokenize_docs(
+    tok, docs: list[list[str]], progress: bool = True, word_cache: bool = True
+) -> TokenizedSplit:
     """Documents of sentences -> TokenizedSplit; sentences with 0 tokens are dropped (documents kept,
     so document i of the split is still document i of the corpus split, possibly empty)."""
     flat = [s for d in docs for s in d]

@@ -5,6 +5,7 @@ A split is three flat arrays, so it memory-maps and hashes cheaply:
   sent_starts  int64 [n_sents + 1]     sentence s is ids[sent_starts[s]:sent_starts[s+1]]
   doc_starts   int64 [n_docs + 1]      document d is sentences doc_starts[d]..doc_starts[d+1]-1
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class TokenizedSplit:
         return int(self.sent_starts[-1])
 
     def sentence(self, s: int) -> np.ndarray:
-        return self.ids[self.sent_starts[s]:self.sent_starts[s + 1]]
+        return self.ids[self.sent_starts[s] : self.sent_starts[s + 1]]
 
     def doc_sentences(self, d: int) -> range:
         return range(int(self.doc_starts[d]), int(self.doc_starts[d + 1]))
@@ -66,6 +67,7 @@ class TokenizedSplit:
         """Write as one .npz, atomically (study.io)."""
         import io
         from study.io import atomic_write_bytes
+
         buf = io.BytesIO()
         np.savez(buf, ids=self.ids, sent_starts=self.sent_starts, doc_starts=self.doc_starts)
         atomic_write_bytes(path, buf.getvalue())

@@ -12,6 +12,7 @@
 Entry points load on first use (study/lazy.py): importing this package, or a light module of it such as
 tasks.py, must not import torch, so `study --help` and spec parsing stay fast.
 """
+
 from study.lazy import exports
 
 __all__ = ["finetune_baseline", "finetune_run"]

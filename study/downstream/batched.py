@@ -32,6 +32,7 @@ Under vmap, autocast casts a linear's matmul to bf16 but adds the fp32 bias afte
 between matmuls are fp32 (sequential autocast keeps them bf16): the same bf16 matmuls, a little more
 precision and memory traffic.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,7 +57,7 @@ from study.downstream.encode import Encoded, collate, epoch_batches, eval_batche
 from study.downstream.tasks import TaskSpec, compute_metrics
 from study.runtime import Runtime
 
-DROPOUT_TAG = 0x5EED_D209   # separates the per-step dropout seeds from any other use of a fine-tuning seed
+DROPOUT_TAG = 0x5EED_D209  # separates the per-step dropout seeds from any other use of a fine-tuning seed
 
 
 # --------------------------------------------------------------------------- per-seed dropout
@@ -70,8 +71,9 @@ class _Draws:
         self.widths: list[int] = []
         self.index: torch.Tensor | None = None
 
-    def noise(self, shape: torch.Size, seq_dims: tuple[int, ...], p: float, dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
+    def noise(
+        self, shape: torch.Size, seq_dims: tuple[int, ...], p: float, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         """Per-seed keep-mask / (1 - p) of `shape`: seed k's drawn at its own width along `seq_dims`, padded
         (dropped) to the step's width."""
         draws = []
@@ -79,7 +81,9 @@ class _Draws:
             own = [w if d in seq_dims else n for d, n in enumerate(shape)]
             pad = [x for d in reversed(range(len(shape))) for x in (0, shape[d] - own[d])]
             draws.append(F.pad(torch.rand(own, generator=g, device=device), pad, value=1.0))
-        noise = (torch.stack(draws) < 1.0 - p).to(dtype).div_(1.0 - p)   # ATen's dropout: mask in x's dtype / (1-p)
+        noise = (
+            (torch.stack(draws) < 1.0 - p).to(dtype).div_(1.0 - p)
+        )  # ATen's dropout: mask in x's dtype / (1-p)
         return noise[self.index]
 
 
@@ -94,7 +98,9 @@ class SeedDropout(torch.nn.Dropout):
         if not self.training or self.p == 0.0:
             return x
         if x.dim() not in (2, 3):
-            raise RuntimeError(f"SeedDropout expects [batch, hidden] or [batch, width, hidden], got {tuple(x.shape)}")
+            raise RuntimeError(
+                f"SeedDropout expects [batch, hidden] or [batch, width, hidden], got {tuple(x.shape)}"
+            )
         return x * _DRAWS.noise(x.shape, (1,) if x.dim() == 3 else (), self.p, x.dtype, x.device)
 
 
@@ -107,7 +113,7 @@ def _seed_attention(kernel: str):
     def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         if dropout == 0.0:
             return stock(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
-        if attention_mask is not None and attention_mask.dtype == torch.bool:   # True = attend
+        if attention_mask is not None and attention_mask.dtype == torch.bool:  # True = attend
             attention_mask = torch.where(attention_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
         scaling = query.size(-1) ** -0.5 if scaling is None else scaling
         scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -116,15 +122,24 @@ def _seed_attention(kernel: str):
         probs = F.softmax(scores, dim=-1)
         probs = probs * _DRAWS.noise(probs.shape, (2, 3), dropout, probs.dtype, probs.device)
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
     return attend
 
 
-for _kernel in ("eager", "sdpa"):   # registered once, at import
+for _kernel in ("eager", "sdpa"):  # registered once, at import
     AttentionInterface.register(f"seed-{_kernel}", _seed_attention(_kernel))
     AttentionMaskInterface.register(f"seed-{_kernel}", AttentionMaskInterface._global_mapping[_kernel])
 
-_DROPOUT_FUNCS = {F.dropout, torch.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-                  torch.bernoulli, torch.Tensor.bernoulli_}
+_DROPOUT_FUNCS = {
+    F.dropout,
+    torch.dropout,
+    F.dropout1d,
+    F.dropout2d,
+    F.dropout3d,
+    F.alpha_dropout,
+    torch.bernoulli,
+    torch.Tensor.bernoulli_,
+}
 
 
 class _NoStrayDropout(TorchFunctionMode):
@@ -138,11 +153,15 @@ class _NoStrayDropout(TorchFunctionMode):
             p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
             training = kwargs.get("training", args[2] if len(args) > 2 else True)
             if func in (torch.bernoulli, torch.Tensor.bernoulli_) or (training and p > 0):
-                raise RuntimeError(f"{getattr(func, '__name__', func)} inside a batched-seeds step: its mask would "
-                                   "be shared by all seeds (impl.finetune_batched_seeds handles nn.Dropout "
-                                   "modules and HF attention dropout only)")
+                raise RuntimeError(
+                    f"{getattr(func, '__name__', func)} inside a batched-seeds step: its mask would "
+                    "be shared by all seeds (impl.finetune_batched_seeds handles nn.Dropout "
+                    "modules and HF attention dropout only)"
+                )
         if func is F.scaled_dot_product_attention and kwargs.get("dropout_p", 0.0) > 0:
-            raise RuntimeError("SDPA with dropout inside a batched-seeds step: its mask would be shared by all seeds")
+            raise RuntimeError(
+                "SDPA with dropout inside a batched-seeds step: its mask would be shared by all seeds"
+            )
         return func(*args, **kwargs)
 
 
@@ -156,7 +175,7 @@ def _prepare_base(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
         for name, child in module.named_children():
             if isinstance(child, torch.nn.Dropout) and not isinstance(child, SeedDropout):
                 setattr(module, name, SeedDropout(child.p))
-    conf = base.bert.config   # every layer reads this one config object (deepcopy keeps the sharing)
+    conf = base.bert.config  # every layer reads this one config object (deepcopy keeps the sharing)
     kernel = conf._attn_implementation.removeprefix("bits-")
     kernel = "eager" if kernel == "sdpa" and device.type == "cpu" else kernel
     if not kernel.startswith("seed-"):
@@ -171,13 +190,14 @@ def _mask_4d(mask: torch.Tensor, kernel: str) -> torch.Tensor:
     if kernel.endswith("sdpa"):
         return keep
     return torch.zeros(keep.shape, dtype=torch.float32, device=mask.device).masked_fill_(
-        ~keep, torch.finfo(torch.float32).min)
+        ~keep, torch.finfo(torch.float32).min
+    )
 
 
 def dropout_seed(seed: int, step: int) -> int:
     """The seed of one seed's dropout generator at one step: a function of (seed, step) only."""
     s = np.random.SeedSequence([seed, step, DROPOUT_TAG]).generate_state(2, dtype=np.uint32)
-    return int(s[0]) << 31 | int(s[1]) >> 1   # 62 bits: every generator type takes it
+    return int(s[0]) << 31 | int(s[1]) >> 1  # 62 bits: every generator type takes it
 
 
 # --------------------------------------------------------------------------- the stacked classifiers
@@ -187,42 +207,67 @@ class SeedBatch:
     `step(...)` is one optimizer step of all K seeds on their own [K, batch, width] batches; `predict`
     scores a split with every seed's model at once."""
 
-    def __init__(self, cfg: RunConfig, bert: torch.nn.Module, num_labels: int, seeds: list[int], rt: Runtime,
-                 total_steps: int, warmup: int):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        bert: torch.nn.Module,
+        num_labels: int,
+        seeds: list[int],
+        rt: Runtime,
+        total_steps: int,
+        warmup: int,
+    ):
         ft = cfg.finetune
         self.seeds, self.k, self.rt = list(seeds), len(seeds), rt
         devices = [rt.device.index or 0] if rt.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):   # Linear's own init draws: leave the caller's RNG alone
+        with torch.random.fork_rng(devices=devices):  # Linear's own init draws: leave the caller's RNG alone
             models = []
             for seed in self.seeds:
                 torch.manual_seed(seed)
                 # the encoder is shared, not copied: stack_module_state copies its tensors K times
-                models.append(Classifier(bert, num_labels, cfg.model.dropout, cfg.model.init_range,
-                                         torch.Generator().manual_seed(seed), ft.pooling))
+                models.append(
+                    Classifier(
+                        bert,
+                        num_labels,
+                        cfg.model.dropout,
+                        cfg.model.init_range,
+                        torch.Generator().manual_seed(seed),
+                        ft.pooling,
+                    )
+                )
         params, _ = stack_module_state(models)
         self.params = {n: p.detach().to(rt.device).requires_grad_() for n, p in params.items()}
-        self.buffers = {n: b.to(rt.device) for n, b in models[0].named_buffers()}   # the same for every seed
+        self.buffers = {n: b.to(rt.device) for n, b in models[0].named_buffers()}  # the same for every seed
         self.base = _prepare_base(models[0], rt.device)
         self.kernel = self.base.bert.config._attn_implementation
         self.dropout = cfg.model.dropout > 0 or cfg.model.attention_dropout > 0
         self.gens = [torch.Generator(device=rt.device) for _ in self.seeds]
         ndim = {n: p.ndim for n, p in models[0].named_parameters()}
-        decay = [p for n, p in self.params.items() if ndim[n] >= 2]       # runtime.param_groups' rule, unstacked
+        decay = [p for n, p in self.params.items() if ndim[n] >= 2]  # runtime.param_groups' rule, unstacked
         no_decay = [p for n, p in self.params.items() if ndim[n] < 2]
         fused = {"fused": True} if cfg.impl.fused_optimizer and rt.device.type in ("cpu", "cuda") else {}
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": ft.weight_decay},
-                                      {"params": no_decay, "weight_decay": 0.0}],
-                                     lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS, **fused)
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": ft.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=ft.lr,
+            betas=ADAM_BETAS,
+            eps=ADAM_EPS,
+            **fused,
+        )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(total_steps, warmup))
         self._seed_ix = torch.arange(self.k, device=rt.device)
-        self._checked = False   # the first training forward runs under _NoStrayDropout (the same code every step)
+        self._checked = (
+            False  # the first training forward runs under _NoStrayDropout (the same code every step)
+        )
 
     # ---- forward
     def _forward(self, params, seed_ix, ids, types, mask, pool):
         _DRAWS.index = seed_ix
-        return functional_call(self.base, (params, self.buffers), (),
-                               {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
-                                "pool_mask": pool})
+        return functional_call(
+            self.base,
+            (params, self.buffers),
+            (),
+            {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "pool_mask": pool},
+        )
 
     def forward(self, batch: dict[str, torch.Tensor], train: bool) -> torch.Tensor:
         """Logits [K, batch, labels]; `batch` tensors are [K, batch, width] (train) or [batch, width]
@@ -233,14 +278,26 @@ class SeedBatch:
         fn = vmap(self._forward, in_dims=(0, 0, dims, dims, dims, dims), randomness="same")
         check = train and self.dropout and not self._checked
         with self.rt.autocast(), _NoStrayDropout() if check else contextlib.nullcontext():
-            logits = fn(self.params, self._seed_ix, batch["input_ids"], batch["token_type_ids"], mask,
-                        batch["attention_mask"]).float()
+            logits = fn(
+                self.params,
+                self._seed_ix,
+                batch["input_ids"],
+                batch["token_type_ids"],
+                mask,
+                batch["attention_mask"],
+            ).float()
         self._checked = self._checked or check
         return logits
 
     # ---- one optimizer step
-    def step(self, step: int, batch: dict[str, torch.Tensor], y: torch.Tensor, regression: bool,
-             widths: list[int] | None = None) -> list[float]:
+    def step(
+        self,
+        step: int,
+        batch: dict[str, torch.Tensor],
+        y: torch.Tensor,
+        regression: bool,
+        widths: list[int] | None = None,
+    ) -> list[float]:
         """One AdamW step of every seed on `batch` ([K, batch, width]); `widths`: each seed's own longest row
         (from the mask when not given). Returns the K losses (one device sync per step, as the sequential
         loop's loss.item()). A non-finite loss raises FloatingPointError before any update."""
@@ -257,10 +314,12 @@ class SeedBatch:
         values = losses.tolist()
         bad = [s for s, v in zip(self.seeds, values) if not math.isfinite(v)]
         if bad:
-            raise FloatingPointError(f"non-finite fine-tuning loss {[values[self.seeds.index(s)] for s in bad]} "
-                                     f"(seed {', '.join(map(str, bad))})")
+            raise FloatingPointError(
+                f"non-finite fine-tuning loss {[values[self.seeds.index(s)] for s in bad]} "
+                f"(seed {', '.join(map(str, bad))})"
+            )
         self.opt.zero_grad(set_to_none=True)
-        losses.sum().backward()   # the seeds share no parameter: each gets its own loss's gradient
+        losses.sum().backward()  # the seeds share no parameter: each gets its own loss's gradient
         self._clip()
         self.opt.step()
         self.sched.step()
@@ -295,8 +354,17 @@ def collate_seeds(e: Encoded, idxs: list[np.ndarray], device: torch.device) -> d
     return {k: torch.stack([p[k] for p in parts]).to(device) for k in parts[0]}
 
 
-def finetune_seeds(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
-                   seeds: list[int], rt: Runtime, desc: str, quiet: bool) -> dict[int, dict]:
+def finetune_seeds(
+    cfg: RunConfig,
+    spec: TaskSpec,
+    bert: torch.nn.Module,
+    train: Encoded,
+    dev: Encoded,
+    seeds: list[int],
+    rt: Runtime,
+    desc: str,
+    quiet: bool,
+) -> dict[int, dict]:
     """`finetune._finetune_one` for several seeds at once: seed -> the same result record fields
     (metrics, steps, train_loss, wall_s: the group's wall time / K, plus the seeds batched together). A seed
     whose dev predictions are not all finite is left out (the caller trains it alone)."""
@@ -319,7 +387,9 @@ def finetune_seeds(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train:
             y = torch.stack([labels[torch.from_numpy(idx)] for idx in idxs]).to(rt.device)
             widths = [max(len(train.ids[i]) for i in idx) for idx in idxs]
             try:
-                losses.append(sb.step(step, collate_seeds(train, idxs, rt.device), y, spec.is_regression, widths))
+                losses.append(
+                    sb.step(step, collate_seeds(train, idxs, rt.device), y, spec.is_regression, widths)
+                )
             except FloatingPointError as exc:
                 raise FloatingPointError(f"{exc} at step {step} ({spec.name})") from None
             step += 1
@@ -328,16 +398,24 @@ def finetune_seeds(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train:
     bar.close()
     preds = sb.predict(dev)
     wall = round((time.time() - t0) / len(seeds), 3)
-    tail = np.asarray(losses[-max(1, steps_per_epoch // 4):])   # [steps, K]: the last quarter epoch
+    tail = np.asarray(losses[-max(1, steps_per_epoch // 4) :])  # [steps, K]: the last quarter epoch
     out = {}
     for k, seed in enumerate(seeds):
         p = preds[k] if not spec.is_regression else preds[k, :, 0]
         if not np.isfinite(p).all():
             # left out, so finetune.py trains it alone (as after a stacked step's non-finite loss) and records it
             # diverged there: whether a seed scores never depends on this speed setting
-            print(f"batched fine-tuning: {spec.name} seed {seed} has non-finite dev predictions; trained again "
-                  f"alone", file=sys.stderr)
+            print(
+                f"batched fine-tuning: {spec.name} seed {seed} has non-finite dev predictions; trained again "
+                f"alone",
+                file=sys.stderr,
+            )
             continue
-        out[seed] = {"metrics": compute_metrics(spec, p, dev.labels), "steps": step,
-                     "train_loss": float(np.mean(tail[:, k])), "wall_s": wall, "batched_seeds": list(seeds)}
+        out[seed] = {
+            "metrics": compute_metrics(spec, p, dev.labels),
+            "steps": step,
+            "train_loss": float(np.mean(tail[:, k])),
+            "wall_s": wall,
+            "batched_seeds": list(seeds),
+        }
     return out

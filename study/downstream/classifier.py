@@ -5,6 +5,7 @@ varies lives in cfg.finetune. The sequential loop (finetune.py), `study plan` (s
 bench/gpu.py train through `finetune_step`; the batched seeds (batched.py) stack the same `Classifier` and
 use the same loss, constants and schedule in their own vmapped step.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -24,8 +25,15 @@ class Classifier(torch.nn.Module):
     """BertForSequenceClassification's head: dropout + linear on the pooler output (tanh(W [CLS])), or, with
     pooling "mean", on the mean of the last layer over the row's real tokens (the pooler is then unused)."""
 
-    def __init__(self, bert: torch.nn.Module, num_labels: int, dropout: float, init_range: float,
-                 generator: torch.Generator, pooling: str = "cls"):
+    def __init__(
+        self,
+        bert: torch.nn.Module,
+        num_labels: int,
+        dropout: float,
+        init_range: float,
+        generator: torch.Generator,
+        pooling: str = "cls",
+    ):
         super().__init__()
         if pooling not in ("cls", "mean"):
             raise ValueError(f"pooling {pooling!r}: 'cls' or 'mean'")
@@ -37,8 +45,13 @@ class Classifier(torch.nn.Module):
             self.head.weight.normal_(0.0, init_range, generator=generator)
             self.head.bias.zero_()
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        pool_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`pool_mask` [batch, width] 0/1: the rows' real tokens, when `attention_mask` is already the
         prepared 4-d mask (batched seeds); otherwise the 2-d attention_mask is used."""
         out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
@@ -69,8 +82,14 @@ def finetune_optimizer(model: torch.nn.Module, ft: FinetuneConfig) -> torch.opti
     return torch.optim.AdamW(param_groups(model, ft.weight_decay), lr=ft.lr, betas=ADAM_BETAS, eps=ADAM_EPS)
 
 
-def finetune_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-                  y: torch.Tensor, regression: bool, autocast) -> torch.Tensor:
+def finetune_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    y: torch.Tensor,
+    regression: bool,
+    autocast,
+) -> torch.Tensor:
     """One fine-tuning step: forward under `autocast`, loss, backward, clip to GRAD_CLIP, AdamW update.
     Returns the loss (a device tensor). `study plan` times this very function (study/studies/cost.py).
     A non-finite loss raises FloatingPointError before any update."""

@@ -36,6 +36,7 @@ This file is the orchestration (which results exist, loading the encoder, one re
 sequential fine-tuning loop; the model and its step are in classifier.py, the tokenized rows and batches
 in encode.py, the probe in probe.py.
 """
+
 from __future__ import annotations
 
 import copy
@@ -69,6 +70,7 @@ from study.provenance import provenance
 from study.rundir import RunDir
 from study.runtime import Runtime, resolve, threads
 
+
 # --------------------------------------------------------------------------- keys and paths
 def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
     return layout.finetune_dir(run_key) / task / finetune_hash / f"{mode}-seed{seed}.json"
@@ -82,8 +84,11 @@ def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[di
 
     def load() -> Encoder:
         if not run.has_model():
-            raise StudyError(f"no pre-trained model at {model_dir}; run `study pretrain` first",
-                             field="run", source=str(model_dir))
+            raise StudyError(
+                f"no pre-trained model at {model_dir}; run `study pretrain` first",
+                field="run",
+                source=str(model_dir),
+            )
         tok = _load_tokenizer(model_dir)
         vocab = int(read_json(model_dir / "config.json")["vocab_size"])
         _check_vocab(tok, vocab, model_dir)
@@ -116,22 +121,28 @@ class Encoder:
     they came from (a checkpoint folder or "random init ..."), recorded in every result."""
 
     tokenizer: object
-    bert: torch.nn.Module      # transformers BertModel (with pooler)
+    bert: torch.nn.Module  # transformers BertModel (with pooler)
     source: str
 
 
 def _load_tokenizer(model_dir: Path):
     if not (model_dir / "tokenizer.json").is_file():
-        raise StudyError(f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
-                         field="run", source=str(model_dir))
+        raise StudyError(
+            f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
+            field="run",
+            source=str(model_dir),
+        )
     return load_tokenizer(model_dir)
 
 
 def _check_vocab(tok, vocab_size: int, where: Path) -> None:
     if len(tok) != vocab_size:
-        raise StudyError(f"the tokenizer has {len(tok)} tokens but the model's embedding has {vocab_size} rows",
-                         field="tokenizer.vocab_size", allowed=f"a tokenizer of exactly {vocab_size} tokens",
-                         source=str(where))
+        raise StudyError(
+            f"the tokenizer has {len(tok)} tokens but the model's embedding has {vocab_size} rows",
+            field="tokenizer.vocab_size",
+            allowed=f"a tokenizer of exactly {vocab_size} tokens",
+            source=str(where),
+        )
 
 
 # --------------------------------------------------------------------------- fine-tuning
@@ -148,8 +159,17 @@ def _predict(model: torch.nn.Module, e: Encoded, rt: Runtime) -> np.ndarray:
     return preds
 
 
-def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: Encoded, dev: Encoded,
-                  seed: int, rt: Runtime, desc: str, quiet: bool) -> dict:
+def _finetune_one(
+    cfg: RunConfig,
+    spec: TaskSpec,
+    bert: torch.nn.Module,
+    train: Encoded,
+    dev: Encoded,
+    seed: int,
+    rt: Runtime,
+    desc: str,
+    quiet: bool,
+) -> dict:
     ft = cfg.finetune
     t0 = time.time()
     steps_per_epoch = math.ceil(len(train) / ft.batch_size)
@@ -160,8 +180,9 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)  # dropout masks only; the caller's RNG state is restored on exit
         gen = torch.Generator().manual_seed(seed)
-        model = Classifier(copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range,
-                           gen, ft.pooling).to(device)
+        model = Classifier(
+            copy.deepcopy(bert), spec.num_labels, cfg.model.dropout, cfg.model.init_range, gen, ft.pooling
+        ).to(device)
         opt = finetune_optimizer(model, ft)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, warmup))
         labels = torch.from_numpy(train.labels)
@@ -174,8 +195,14 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
                 if step >= total:
                     break
                 try:
-                    loss = finetune_step(model, opt, collate(train, idx, device),
-                                         labels[torch.from_numpy(idx)].to(device), spec.is_regression, rt.autocast)
+                    loss = finetune_step(
+                        model,
+                        opt,
+                        collate(train, idx, device),
+                        labels[torch.from_numpy(idx)].to(device),
+                        spec.is_regression,
+                        rt.autocast,
+                    )
                 except FloatingPointError as exc:
                     raise FloatingPointError(f"{exc} at step {step} ({spec.name}, seed {seed})") from None
                 sched.step()
@@ -186,17 +213,23 @@ def _finetune_one(cfg: RunConfig, spec: TaskSpec, bert: torch.nn.Module, train: 
         bar.close()
         preds = _predict(model, dev, rt)
     check_finite(preds, f"{spec.name}, seed {seed}")
-    tail = losses[-max(1, steps_per_epoch // 4):]   # the last quarter epoch: the loss where training ended
-    return {"metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
-            "steps": step, "train_loss": float(np.mean(tail)), "wall_s": round(time.time() - t0, 3)}
+    tail = losses[-max(1, steps_per_epoch // 4) :]  # the last quarter epoch: the loss where training ended
+    return {
+        "metrics": compute_metrics(spec, preds if not spec.is_regression else preds[:, 0], dev.labels),
+        "steps": step,
+        "train_loss": float(np.mean(tail)),
+        "wall_s": round(time.time() - t0, 3),
+    }
 
 
 def check_finite(preds: np.ndarray, where: str) -> None:
     """Non-finite dev predictions (weights gone NaN/inf in the last updates) would still score (argmax of NaN
     is class 0): the seed is diverged, as with a non-finite loss."""
     if not np.isfinite(preds).all():
-        raise FloatingPointError(f"non-finite dev predictions ({int((~np.isfinite(preds)).sum())} values) "
-                                 f"after the last step ({where})")
+        raise FloatingPointError(
+            f"non-finite dev predictions ({int((~np.isfinite(preds)).sum())} values) "
+            f"after the last step ({where})"
+        )
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -217,29 +250,48 @@ def _degenerate(train: TaskData, cap: int | None) -> str | None:
     if len(values) > 1:
         return None
     names = get_task(train.task).labels
-    what = ("no rows" if not len(values) else
-            f"a single label ({names[int(values[0])] if names else f'{float(values[0]):g}'})")
-    capped = f" (capped at {cap:,} rows: finetune.max_train_examples)" if cap is not None and len(train) >= cap else ""
+    what = (
+        "no rows"
+        if not len(values)
+        else f"a single label ({names[int(values[0])] if names else f'{float(values[0]):g}'})"
+    )
+    capped = (
+        f" (capped at {cap:,} rows: finetune.max_train_examples)"
+        if cap is not None and len(train) >= cap
+        else ""
+    )
     return f"nothing to learn: the training split{capped} has {what}"
 
 
 def _validate(cfg: RunConfig) -> list[TaskSpec]:
     ft = cfg.finetune
-    specs = [get_task(t) for t in ft.tasks]       # unknown names -> StudyError listing the allowed ones
+    specs = [get_task(t) for t in ft.tasks]  # unknown names -> StudyError listing the allowed ones
     if len(set(ft.tasks)) != len(ft.tasks):
         raise StudyError(f"duplicate task in {ft.tasks}", field="finetune.tasks")
     if ft.glue_dir != HUB and not Path(ft.glue_dir).is_dir():
-        raise StudyError(f"GLUE folder {ft.glue_dir} does not exist (resolved from {Path.cwd()})",
-                         field="finetune.glue_dir", allowed=f"a folder of GLUE tasks, or '{HUB}'")
+        raise StudyError(
+            f"GLUE folder {ft.glue_dir} does not exist (resolved from {Path.cwd()})",
+            field="finetune.glue_dir",
+            allowed=f"a folder of GLUE tasks, or '{HUB}'",
+        )
     if ft.max_length > cfg.model.max_positions:
-        raise StudyError(f"{ft.max_length} exceeds model.max_positions ({cfg.model.max_positions})",
-                         field="finetune.max_length", allowed=f"8..{cfg.model.max_positions}")
+        raise StudyError(
+            f"{ft.max_length} exceeds model.max_positions ({cfg.model.max_positions})",
+            field="finetune.max_length",
+            allowed=f"8..{cfg.model.max_positions}",
+        )
     if ft.length_groups == 1:
-        raise StudyError("length_groups 1 sorts rows within a batch only: the same batches as 0",
-                         field="finetune.length_groups", allowed="0 (off) or an integer >= 2")
+        raise StudyError(
+            "length_groups 1 sorts rows within a batch only: the same batches as 0",
+            field="finetune.length_groups",
+            allowed="0 (off) or an integer >= 2",
+        )
     if ft.probe and ft.probe_layers > cfg.model.layers:
-        raise StudyError(f"the model has {cfg.model.layers} layers", field="finetune.probe_layers",
-                         allowed=f"1..{cfg.model.layers}")
+        raise StudyError(
+            f"the model has {cfg.model.layers} layers",
+            field="finetune.probe_layers",
+            allowed=f"1..{cfg.model.layers}",
+        )
     return specs
 
 
@@ -270,14 +322,21 @@ def _existing(path: Path, want: dict[str, str | None] | None = None) -> dict | N
     try:
         res = read_json(path)
     except (OSError, json.JSONDecodeError):
-        return None   # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
+        return None  # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
     if "skipped" in res:
         return None
     return None if any(v is not None and res.get(k, v) != v for k, v in (want or {}).items()) else res
 
 
-def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Callable[[], Encoder],
-             quiet: bool, encoder_data: str | None = None) -> list[dict]:
+def _run_all(
+    cfg: RunConfig,
+    layout: Layout,
+    run_key: str,
+    init: str,
+    load: Callable[[], Encoder],
+    quiet: bool,
+    encoder_data: str | None = None,
+) -> list[dict]:
     quiet = quiet or not cfg.impl.progress
     ft = cfg.finetune
     specs = _validate(cfg)
@@ -290,22 +349,26 @@ def _run_all(cfg: RunConfig, layout: Layout, run_key: str, init: str, load: Call
 
 def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, encoder_data) -> list[dict]:
     ft = cfg.finetune
-    plan = []   # (spec, paths, what): what = "done" | skip reason | (train, dev)
+    plan = []  # (spec, paths, what): what = "done" | skip reason | (train, dev)
     # what each task's results must have been made from
-    digests = {spec.name: {"task_data": task_digest(spec, ft.glue_dir), "encoder_data": encoder_data}
-               for spec in specs}
+    digests = {
+        spec.name: {"task_data": task_digest(spec, ft.glue_dir), "encoder_data": encoder_data}
+        for spec in specs
+    }
     for spec in specs:
         paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
         done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
         plan.append([spec, paths, "done" if len(done) == len(paths) else _unavailable(spec, ft.glue_dir)])
     enc: Encoder | None = None
     if any(what != "done" for _, _, what in plan):
-        enc = load()   # validates the checkpoint (tokenizer vs vocab) before anything is written
+        enc = load()  # validates the checkpoint (tokenizer vs vocab) before anything is written
         for item in plan:
             if item[2] is None:
                 # read every task's data before computing anything: a bad file stops the call early
-                item[2] = (cap_rows(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
-                           cap_rows(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples))
+                item[2] = (
+                    cap_rows(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
+                    cap_rows(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples),
+                )
                 item[2] = _degenerate(item[2][0], ft.max_train_examples) or item[2]
     results: list[dict] = []
     for spec, paths, what in plan:
@@ -321,13 +384,44 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
             with file_lock(lock):
                 # another process?
                 done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
-                results.extend(_run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout,
-                                         rt, quiet, digests[spec.name], *what))
+                results.extend(
+                    _run_task(
+                        cfg,
+                        spec,
+                        run_key,
+                        init,
+                        enc,
+                        paths,
+                        done,
+                        modes,
+                        fh,
+                        layout,
+                        rt,
+                        quiet,
+                        digests[spec.name],
+                        *what,
+                    )
+                )
     return results
 
 
-def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt, quiet, digest,
-              train: TaskData, dev: TaskData) -> list[dict]:
+def _run_task(
+    cfg,
+    spec,
+    run_key,
+    init,
+    enc,
+    paths,
+    done,
+    modes,
+    fh,
+    layout,
+    rt,
+    quiet,
+    digest,
+    train: TaskData,
+    dev: TaskData,
+) -> list[dict]:
     ft = cfg.finetune
     e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
     e_dev = encode(enc.tokenizer, dev, ft.max_length, layout, ft.glue_dir)
@@ -337,34 +431,83 @@ def _run_task(cfg, spec, run_key, init, enc, paths, done, modes, fh, layout, rt,
 
     def record(mode: str, seed: int, out: dict) -> dict:
         m = out["metrics"]
-        return {"run_key": run_key, "task": spec.name, "mode": mode, "init": init, "seed": seed, "metrics": m,
-                "primary_metric": spec.primary, "primary": m[spec.primary], "n_train": len(train),
-                "n_eval": len(dev), "finetune_hash": fh, "recipe": recipe, **digest,
-                "provenance": prov, "encoder": enc.source, **{k: v for k, v in out.items() if k != "metrics"}}
+        return {
+            "run_key": run_key,
+            "task": spec.name,
+            "mode": mode,
+            "init": init,
+            "seed": seed,
+            "metrics": m,
+            "primary_metric": spec.primary,
+            "primary": m[spec.primary],
+            "n_train": len(train),
+            "n_eval": len(dev),
+            "finetune_hash": fh,
+            "recipe": recipe,
+            **digest,
+            "provenance": prov,
+            "encoder": enc.source,
+            **{k: v for k, v in out.items() if k != "metrics"},
+        }
 
     def diverged(seed: int, exc: FloatingPointError) -> dict:
         print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
-        return {"run_key": run_key, "task": spec.name, "mode": "finetune", "init": init, "seed": seed,
-                "diverged": str(exc), "finetune_hash": fh, "recipe": recipe, **digest,
-                "provenance": prov, "encoder": enc.source}
+        return {
+            "run_key": run_key,
+            "task": spec.name,
+            "mode": "finetune",
+            "init": init,
+            "seed": seed,
+            "diverged": str(exc),
+            "finetune_hash": fh,
+            "recipe": recipe,
+            **digest,
+            "provenance": prov,
+            "encoder": enc.source,
+        }
 
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]
     stacked: dict = {}
-    if todo and cfg.impl.finetune_batched_seeds:   # every missing seed in one stacked model (batched.py)
+    if todo and cfg.impl.finetune_batched_seeds:  # every missing seed in one stacked model (batched.py)
         try:
-            stacked = batched.finetune_seeds(cfg, spec, enc.bert, e_train, e_dev, todo, rt,
-                                             f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}", quiet)
+            stacked = batched.finetune_seeds(
+                cfg,
+                spec,
+                enc.bert,
+                e_train,
+                e_dev,
+                todo,
+                rt,
+                f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}",
+                quiet,
+            )
         except FloatingPointError as exc:
             # one stacked step stops every seed in it: each seed then trains on its own, so whether a seed
             # scores or is recorded diverged never depends on this speed setting (outside the run hash)
-            print(f"batched fine-tuning stopped ({exc}); {spec.name} seeds {todo} one at a time", file=sys.stderr)
+            print(
+                f"batched fine-tuning stopped ({exc}); {spec.name} seeds {todo} one at a time",
+                file=sys.stderr,
+            )
     for seed in todo:
         try:
-            res = stacked[seed] if seed in stacked else _finetune_one(
-                cfg, spec, enc.bert, e_train, e_dev, seed, rt, f"{run_key[:12]} {spec.name} seed{seed}", quiet)
+            res = (
+                stacked[seed]
+                if seed in stacked
+                else _finetune_one(
+                    cfg,
+                    spec,
+                    enc.bert,
+                    e_train,
+                    e_dev,
+                    seed,
+                    rt,
+                    f"{run_key[:12]} {spec.name} seed{seed}",
+                    quiet,
+                )
+            )
             rec = record("finetune", seed, res)
-        except FloatingPointError as exc:   # this seed only: the others (and the study) go on
+        except FloatingPointError as exc:  # this seed only: the others (and the study) go on
             rec = diverged(seed, exc)
         out[("finetune", seed)] = rec
         atomic_write_json(paths[("finetune", seed)], rec)

@@ -16,6 +16,7 @@ Labels are stored as indices into `TaskSpec.labels`, in the order the hub uses, 
 from either source means the same thing by class 1. Metrics are written here in numpy (the tests
 check them against scikit-learn and scipy) so that their edge-case conventions are explicit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,14 +33,14 @@ HUB = "hub"
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    folder: str                      # folder under glue_dir
-    hub_config: str                  # nyu-mll/glue config name
-    text_columns: tuple[str, ...]    # header names of the 1 or 2 text columns in the TSV
+    folder: str  # folder under glue_dir
+    hub_config: str  # nyu-mll/glue config name
+    text_columns: tuple[str, ...]  # header names of the 1 or 2 text columns in the TSV
     hub_text_columns: tuple[str, ...]
-    label_column: str | None         # header name of the label; None = the last column (STS-B)
-    labels: tuple[str, ...] | None   # label strings as written in the TSV, in hub order; None = regression
+    label_column: str | None  # header name of the label; None = the last column (STS-B)
+    labels: tuple[str, ...] | None  # label strings as written in the TSV, in hub order; None = regression
     metrics: tuple[str, ...]
-    primary: str                     # the number BERT's GLUE table reports for this task
+    primary: str  # the number BERT's GLUE table reports for this task
     files: tuple[tuple[str, str], ...] = (("train", "train.tsv"), ("dev", "dev.tsv"), ("test", "test.tsv"))
     hub_splits: tuple[tuple[str, str], ...] = (("train", "train"), ("dev", "validation"), ("test", "test"))
     # splits without a header row, with the column names GLUE's docs give them
@@ -65,34 +66,115 @@ _BINARY = ("0", "1")
 _ENTAIL = ("entailment", "not_entailment")
 _COLA_COLUMNS = ("source", "label", "original_label", "sentence")
 
-TASKS: dict[str, TaskSpec] = {t.name: t for t in (
-    TaskSpec("SST-2", "SST-2", "sst2", ("sentence",), ("sentence",), "label", _BINARY,
-             ("accuracy",), "accuracy"),
-    TaskSpec("CoLA", "CoLA", "cola", ("sentence",), ("sentence",), "label", _BINARY,
-             ("matthews_corr", "accuracy"), "matthews_corr",
-             headerless=(("train", _COLA_COLUMNS), ("dev", _COLA_COLUMNS))),
-    TaskSpec("MRPC", "MRPC", "mrpc", ("#1 String", "#2 String"), ("sentence1", "sentence2"), "Quality", _BINARY,
-             ("f1", "accuracy"), "f1"),
-    TaskSpec("QNLI", "QNLI", "qnli", ("question", "sentence"), ("question", "sentence"), "label", _ENTAIL,
-             ("accuracy",), "accuracy"),
-    TaskSpec("RTE", "RTE", "rte", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", _ENTAIL,
-             ("accuracy",), "accuracy"),
-    TaskSpec("STS-B", "STS-B", "stsb", ("sentence1", "sentence2"), ("sentence1", "sentence2"), None, None,
-             ("pearson", "spearman"), "spearman"),
-    TaskSpec("MNLI", "MNLI", "mnli", ("sentence1", "sentence2"), ("premise", "hypothesis"), "gold_label",
-             ("entailment", "neutral", "contradiction"), ("accuracy",), "accuracy",
-             files=(("train", "train.tsv"), ("dev", "dev_matched.tsv"), ("test", "test_matched.tsv")),
-             hub_splits=(("train", "train"), ("dev", "validation_matched"), ("test", "test_matched"))),
-    TaskSpec("WNLI", "WNLI", "wnli", ("sentence1", "sentence2"), ("sentence1", "sentence2"), "label", _BINARY,
-             ("accuracy",), "accuracy"),
-)}
+TASKS: dict[str, TaskSpec] = {
+    t.name: t
+    for t in (
+        TaskSpec(
+            "SST-2",
+            "SST-2",
+            "sst2",
+            ("sentence",),
+            ("sentence",),
+            "label",
+            _BINARY,
+            ("accuracy",),
+            "accuracy",
+        ),
+        TaskSpec(
+            "CoLA",
+            "CoLA",
+            "cola",
+            ("sentence",),
+            ("sentence",),
+            "label",
+            _BINARY,
+            ("matthews_corr", "accuracy"),
+            "matthews_corr",
+            headerless=(("train", _COLA_COLUMNS), ("dev", _COLA_COLUMNS)),
+        ),
+        TaskSpec(
+            "MRPC",
+            "MRPC",
+            "mrpc",
+            ("#1 String", "#2 String"),
+            ("sentence1", "sentence2"),
+            "Quality",
+            _BINARY,
+            ("f1", "accuracy"),
+            "f1",
+        ),
+        TaskSpec(
+            "QNLI",
+            "QNLI",
+            "qnli",
+            ("question", "sentence"),
+            ("question", "sentence"),
+            "label",
+            _ENTAIL,
+            ("accuracy",),
+            "accuracy",
+        ),
+        TaskSpec(
+            "RTE",
+            "RTE",
+            "rte",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            "label",
+            _ENTAIL,
+            ("accuracy",),
+            "accuracy",
+        ),
+        TaskSpec(
+            "STS-B",
+            "STS-B",
+            "stsb",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            None,
+            None,
+            ("pearson", "spearman"),
+            "spearman",
+        ),
+        TaskSpec(
+            "MNLI",
+            "MNLI",
+            "mnli",
+            ("sentence1", "sentence2"),
+            ("premise", "hypothesis"),
+            "gold_label",
+            ("entailment", "neutral", "contradiction"),
+            ("accuracy",),
+            "accuracy",
+            files=(("train", "train.tsv"), ("dev", "dev_matched.tsv"), ("test", "test_matched.tsv")),
+            hub_splits=(("train", "train"), ("dev", "validation_matched"), ("test", "test_matched")),
+        ),
+        TaskSpec(
+            "WNLI",
+            "WNLI",
+            "wnli",
+            ("sentence1", "sentence2"),
+            ("sentence1", "sentence2"),
+            "label",
+            _BINARY,
+            ("accuracy",),
+            "accuracy",
+        ),
+    )
+}
 
 # Rows of the hub's nyu-mll/glue train and validation splits (MNLI: validation_matched), as GLUE publishes
 # them. `study plan` sizes fine-tuning on the hub with these before anything is downloaded
 # (study/studies/cost.py); tests/test_cost.py checks them against the local copies that exist.
 HUB_ROWS: dict[str, tuple[int, int]] = {
-    "CoLA": (8551, 1043), "SST-2": (67349, 872), "MRPC": (3668, 408), "STS-B": (5749, 1500),
-    "QNLI": (104743, 5463), "RTE": (2490, 277), "MNLI": (392702, 9815), "WNLI": (635, 71),
+    "CoLA": (8551, 1043),
+    "SST-2": (67349, 872),
+    "MRPC": (3668, 408),
+    "STS-B": (5749, 1500),
+    "QNLI": (104743, 5463),
+    "RTE": (2490, 277),
+    "MNLI": (392702, 9815),
+    "WNLI": (635, 71),
 }
 
 STSB_RANGE = (0.0, 5.0)
@@ -104,17 +186,22 @@ class TaskData:
     split: str
     text_a: list[str]
     text_b: list[str] | None
-    labels: np.ndarray | None   # int64 class indices, float32 scores, or None (unlabelled test split)
-    source: str                 # file path or hub id, for messages and provenance
+    labels: np.ndarray | None  # int64 class indices, float32 scores, or None (unlabelled test split)
+    source: str  # file path or hub id, for messages and provenance
 
     def __len__(self) -> int:
         return len(self.text_a)
 
     def subset(self, idx: np.ndarray) -> "TaskData":
         idx = np.asarray(idx, dtype=np.int64)
-        return TaskData(self.task, self.split, [self.text_a[i] for i in idx],
-                        None if self.text_b is None else [self.text_b[i] for i in idx],
-                        None if self.labels is None else self.labels[idx], self.source)
+        return TaskData(
+            self.task,
+            self.split,
+            [self.text_a[i] for i in idx],
+            None if self.text_b is None else [self.text_b[i] for i in idx],
+            None if self.labels is None else self.labels[idx],
+            self.source,
+        )
 
 
 def get_task(name: str) -> TaskSpec:
@@ -141,8 +228,11 @@ def load_task(name: str, glue_dir: str | Path, split: str) -> TaskData:
         return _load_hub(spec, split)
     path = task_path(name, glue_dir, split)
     if not path.is_file():
-        raise StudyError(f"{spec.name} has no {split} split: {path} does not exist",
-                         field="finetune.glue_dir", source=str(path))
+        raise StudyError(
+            f"{spec.name} has no {split} split: {path} does not exist",
+            field="finetune.glue_dir",
+            source=str(path),
+        )
     return _read_tsv(spec, split, path)
 
 
@@ -159,7 +249,7 @@ def _read_tsv(spec: TaskSpec, split: str, path: Path) -> TaskData:
         raise bad(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
-        lines.pop()                     # final newline; CoLA dev ships without one, both are fine
+        lines.pop()  # final newline; CoLA dev ships without one, both are fine
     lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
     headerless = dict(spec.headerless)
     if split in headerless:
@@ -176,8 +266,12 @@ def _read_tsv(spec: TaskSpec, split: str, path: Path) -> TaskData:
     labelled = split != "test"
     if labelled:
         if spec.label_column is not None and spec.label_column not in col:
-            raise bad(f"missing label column {spec.label_column!r} in the header {header}", 1,
-                      spec.label_column, ", ".join(header))
+            raise bad(
+                f"missing label column {spec.label_column!r} in the header {header}",
+                1,
+                spec.label_column,
+                ", ".join(header),
+            )
         label_i = len(header) - 1 if spec.label_column is None else col[spec.label_column]
     label_index = {lab: i for i, lab in enumerate(spec.labels or ())}
     text_i = [col[c] for c in spec.text_columns]
@@ -200,10 +294,16 @@ def _read_tsv(spec: TaskSpec, split: str, path: Path) -> TaskData:
             try:
                 score = float(raw)
             except ValueError:
-                raise bad(f"score {raw!r} is not a number", n, lname, f"{STSB_RANGE[0]:g}..{STSB_RANGE[1]:g}") from None
+                raise bad(
+                    f"score {raw!r} is not a number", n, lname, f"{STSB_RANGE[0]:g}..{STSB_RANGE[1]:g}"
+                ) from None
             if not (STSB_RANGE[0] <= score <= STSB_RANGE[1]):
-                raise bad(f"score {score:g} outside the task's range", n, lname,
-                          f"{STSB_RANGE[0]:g}..{STSB_RANGE[1]:g}")
+                raise bad(
+                    f"score {score:g} outside the task's range",
+                    n,
+                    lname,
+                    f"{STSB_RANGE[0]:g}..{STSB_RANGE[1]:g}",
+                )
             y.append(score)
         else:
             if raw not in label_index:
@@ -228,8 +328,11 @@ def _load_hub(spec: TaskSpec, split: str) -> TaskData:
     try:
         ds = datasets.load_dataset("nyu-mll/glue", spec.hub_config, split=hub_split)
     except Exception as exc:  # noqa: BLE001 - offline, unknown config, ...: the user's setting to fix
-        raise StudyError(f"cannot load {source}: {type(exc).__name__}: {exc}", field="finetune.glue_dir",
-                         allowed="a GLUE folder or 'hub' with internet access") from None
+        raise StudyError(
+            f"cannot load {source}: {type(exc).__name__}: {exc}",
+            field="finetune.glue_dir",
+            allowed="a GLUE folder or 'hub' with internet access",
+        ) from None
     cols = spec.hub_text_columns
     a = [str(t) for t in ds[cols[0]]]
     b = [str(t) for t in ds[cols[1]]] if spec.pair else None
@@ -264,7 +367,7 @@ def _rank(x: np.ndarray) -> np.ndarray:
     run_id = np.cumsum(new) - 1
     starts = np.flatnonzero(new)
     ends = np.r_[starts[1:], len(xs)]
-    avg = (starts + ends + 1) / 2.0          # mean of 1-based positions start+1..end
+    avg = (starts + ends + 1) / 2.0  # mean of 1-based positions start+1..end
     ranks = np.empty(len(x), dtype=np.float64)
     ranks[order] = avg[run_id]
     return ranks

@@ -5,6 +5,7 @@
 Imported eagerly: the package's modules need torch and transformers anyway, and nothing light
 (the CLI's parser, spec parsing, the report) imports it.
 """
+
 from study.model.bert import build_model, model_flops_per_token, pretraining_loss
 
 __all__ = ["build_model", "model_flops_per_token", "pretraining_loss"]

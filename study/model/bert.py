@@ -17,6 +17,7 @@ dropout (hidden and attention probabilities) for one that reads 32 random bits p
 64-bit words. Same Bernoulli(1 - p) masks and the same arithmetic as torch's dropout; only the random
 stream that picks them differs (tests/test_model.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,18 +40,31 @@ PreTrainingModel = BertForPreTraining | PreLNForPreTraining  # model.arch post_l
 
 def bert_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig) -> BertConfig:
     conf = BertConfig(
-        vocab_size=vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate, hidden_act=cfg.activation,
-        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_positions, type_vocab_size=2, initializer_range=cfg.init_range,
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=cfg.intermediate,
+        hidden_act=cfg.activation,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions,
+        type_vocab_size=2,
+        initializer_range=cfg.init_range,
         architectures=["BertForPreTraining"],
     )
     conf._attn_implementation = impl.attention
     return conf
 
 
-def build_model(cfg: ModelConfig, vocab_size: int, sentence_head: bool, impl: ImplConfig,
-                seed: int = 0, pad_id: int = PAD_ID) -> PreTrainingModel:
+def build_model(
+    cfg: ModelConfig,
+    vocab_size: int,
+    sentence_head: bool,
+    impl: ImplConfig,
+    seed: int = 0,
+    pad_id: int = PAD_ID,
+) -> PreTrainingModel:
     """A freshly initialised model of `cfg.arch`: BertForPreTraining (post_ln) or PreLNForPreTraining
     (pre_ln, study/model/preln.py; same `.bert` / `.cls` surface). Init draws from a forked RNG seeded by
     `seed`, so ambient torch RNG state neither affects nor is affected by model creation.
@@ -60,7 +74,9 @@ def build_model(cfg: ModelConfig, vocab_size: int, sentence_head: bool, impl: Im
     pre-LN encoder's position ids count from (study/data/tokenizer.py puts [PAD] at 0).
     """
     if vocab_size < 8:
-        raise StudyError(f"vocabulary of {vocab_size} is too small", field="tokenizer.vocab_size", allowed=">= 128")
+        raise StudyError(
+            f"vocabulary of {vocab_size} is too small", field="tokenizer.vocab_size", allowed=">= 128"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if cfg.arch == "pre_ln":
@@ -76,19 +92,31 @@ class LossOut:
     loss: torch.Tensor
     mlm_loss: torch.Tensor
     sentence_loss: torch.Tensor | None
-    mlm_correct: torch.Tensor      # number of correctly predicted masked tokens
-    mlm_count: torch.Tensor        # number of masked tokens
+    mlm_correct: torch.Tensor  # number of correctly predicted masked tokens
+    mlm_count: torch.Tensor  # number of masked tokens
     sentence_correct: torch.Tensor | None
     sentence_count: int
-    mlm_hits: torch.Tensor | None = None   # with accuracy: correct or not, per asked position, row-major order
-    mlm_hidden: torch.Tensor | None = None  # with hidden: the encoder's output at each asked position, same order
+    mlm_hits: torch.Tensor | None = None  # with accuracy: correct or not, per asked position, row-major order
+    mlm_hidden: torch.Tensor | None = (
+        None  # with hidden: the encoder's output at each asked position, same order
+    )
 
 
-def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     token_type_ids: torch.Tensor, labels: torch.Tensor,
-                     sentence_label: torch.Tensor | None = None, *, sparse: bool = True,
-                     accuracy: bool = True, n_masked: int | None = None, sentence: bool | None = None,
-                     hidden: bool = False, chunked: bool = False) -> LossOut:
+def pretraining_loss(
+    model: PreTrainingModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    labels: torch.Tensor,
+    sentence_label: torch.Tensor | None = None,
+    *,
+    sparse: bool = True,
+    accuracy: bool = True,
+    n_masked: int | None = None,
+    sentence: bool | None = None,
+    hidden: bool = False,
+    chunked: bool = False,
+) -> LossOut:
     """MLM (+ NSP/SOP when `sentence_label` has entries >= 0) loss of one batch.
 
     The MLM loss is the mean over masked tokens of the batch in both modes, so sparse and
@@ -117,10 +145,10 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
     elif sparse:
         sel = labels != IGNORE
         asked = seq[sel]
-        logits = heads.predictions(asked)               # [n_masked, vocab]
+        logits = heads.predictions(asked)  # [n_masked, vocab]
         target = labels[sel]
     else:
-        logits = heads.predictions(seq).flatten(0, 1)   # [B*L, vocab]
+        logits = heads.predictions(seq).flatten(0, 1)  # [B*L, vocab]
         target = labels.flatten()
         asked = seq[labels != IGNORE] if hidden else None
     if logits is None:
@@ -143,9 +171,10 @@ def pretraining_loss(model: PreTrainingModel, input_ids: torch.Tensor, attention
         s_count = int((sl >= 0).sum()) if accuracy else 0
         loss = mlm_loss + s_loss
     if hits is not None and not sparse:
-        hits = hits[valid]   # the full head scored every position: keep the asked ones, as the sparse head
-    return LossOut(loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits,
-                   asked if hidden else None)
+        hits = hits[valid]  # the full head scored every position: keep the asked ones, as the sparse head
+    return LossOut(
+        loss, mlm_loss, s_loss, mlm_correct, mlm_count, s_correct, s_count, hits, asked if hidden else None
+    )
 
 
 def decoder_input(predictions: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -157,8 +186,9 @@ def decoder_input(predictions: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     return lm_head_features(predictions, x)
 
 
-def model_flops_per_token(cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float,
-                          sparse: bool = True) -> float:
+def model_flops_per_token(
+    cfg: ModelConfig, seq_len: int, vocab: int, n_predictions_per_seq: float, sparse: bool = True
+) -> float:
     """Training FLOPs (forward + backward) per input token.
 
     - Dense encoder weights: per layer 4*H^2 (QKV + output proj) + 2*H*I (FFN) parameters;
@@ -198,10 +228,12 @@ def bits_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     if p >= 1.0:
         return x * 0.0
     n = x.numel()
-    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)  # all 64 bits
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=x.device).random_(
+        -(1 << 63), None
+    )  # all 64 bits
     draws = words.view(torch.int32)[:n].view(x.shape)
     # below 2^-33, 1-p rounds to 2^32: a threshold of 2^31 would wrap to int32's minimum and drop everything
-    keep = draws < min(_INT32_MIN + round((1.0 - p) * 2.0 ** 32), (1 << 31) - 1)
+    keep = draws < min(_INT32_MIN + round((1.0 - p) * 2.0**32), (1 << 31) - 1)
     noise = keep.to(x.dtype).div_(1.0 - p)
     return x * noise
 
@@ -223,14 +255,16 @@ def _bits_attention(kernel: str):
         if dropout == 0.0:
             return stock(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
         if attention_mask is not None and attention_mask.dtype == torch.bool:  # sdpa's mask: True = attend
-            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device
-                                         ).masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+            attention_mask = torch.zeros(
+                attention_mask.shape, dtype=query.dtype, device=query.device
+            ).masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
         scaling = query.size(-1) ** -0.5 if scaling is None else scaling
         scores = torch.matmul(query, key.transpose(2, 3)) * scaling
         if attention_mask is not None:
             scores = scores + attention_mask
         probs = bits_dropout(F.softmax(scores, dim=-1), dropout)
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
     return attend
 
 
@@ -248,6 +282,6 @@ def use_bits_dropout(model: PreTrainingModel) -> PreTrainingModel:
             if type(child) is torch.nn.Dropout:
                 setattr(module, name, BitsDropout(child.p))
     kernel = model.config._attn_implementation
-    if not kernel.startswith("bits-"):   # every layer reads this one config object (as bert_config sets it)
+    if not kernel.startswith("bits-"):  # every layer reads this one config object (as bert_config sets it)
         model.config._attn_implementation = f"bits-{kernel}"
     return model

@@ -1,4 +1,5 @@
 """Loading a saved run's model back (pre-training's rescore, fine-tuning): the class is the folder's own."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,12 @@ def load_pretrained(model_dir: Path | str, attention: str, quiet: bool = True) -
     cls = BertForPreTraining
     if model_type != "bert":
         if model_type != MODEL_TYPE:
-            raise StudyError(f"model_type {model_type!r} is not a model this code trains",
-                             field="model.arch", allowed=f"bert (post_ln), {MODEL_TYPE} (pre_ln)",
-                             source=str(config))
+            raise StudyError(
+                f"model_type {model_type!r} is not a model this code trains",
+                field="model.arch",
+                allowed=f"bert (post_ln), {MODEL_TYPE} (pre_ln)",
+                source=str(config),
+            )
         cls = PreLNForPreTraining
     with transformers_quiet(quiet):
         return cls.from_pretrained(str(model_dir), attn_implementation=attention)

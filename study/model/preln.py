@@ -24,6 +24,7 @@ head) and `.cls.seq_relationship` (the sentence head on the pooled [CLS]). Quirk
 - `hidden_states[-1]` (output_hidden_states) is the last layer's output before the final LayerNorm;
   `last_hidden_state` is after it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,18 +42,30 @@ from transformers.models.roberta_prelayernorm.modeling_roberta_prelayernorm impo
 
 from study.config import ImplConfig, ModelConfig
 
-MODEL_TYPE = "roberta-prelayernorm"   # config.json's model_type: what the Auto classes dispatch on
+MODEL_TYPE = "roberta-prelayernorm"  # config.json's model_type: what the Auto classes dispatch on
 MASKED_LM = "RobertaPreLayerNormForMaskedLM"  # the stock class config.json names in `architectures`
 
 
-def preln_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig, pad_id: int = 0) -> RobertaPreLayerNormConfig:
+def preln_config(
+    cfg: ModelConfig, vocab_size: int, impl: ImplConfig, pad_id: int = 0
+) -> RobertaPreLayerNormConfig:
     conf = RobertaPreLayerNormConfig(
-        vocab_size=vocab_size, hidden_size=cfg.hidden, num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads, intermediate_size=cfg.intermediate, hidden_act=cfg.activation,
-        hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_positions + pad_id + 1, type_vocab_size=2,
-        initializer_range=cfg.init_range, layer_norm_eps=1e-12, pad_token_id=pad_id,
-        bos_token_id=None, eos_token_id=None, architectures=[MASKED_LM],
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=cfg.intermediate,
+        hidden_act=cfg.activation,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.attention_dropout,
+        max_position_embeddings=cfg.max_positions + pad_id + 1,
+        type_vocab_size=2,
+        initializer_range=cfg.init_range,
+        layer_norm_eps=1e-12,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+        eos_token_id=None,
+        architectures=[MASKED_LM],
     )
     conf._attn_implementation = impl.attention
     return conf
@@ -105,14 +118,27 @@ class PreLNForPreTraining(RobertaPreLayerNormPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, **kwargs) -> BertForPreTrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BertForPreTrainingOutput:
         """MLM logits over every position and sentence logits, as BertForPreTraining returns them."""
-        out = self.roberta_prelayernorm(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                        return_dict=True, **kwargs)
-        return BertForPreTrainingOutput(prediction_logits=self.lm_head(out.last_hidden_state),
-                                        seq_relationship_logits=self.seq_relationship(out.pooler_output),
-                                        hidden_states=out.hidden_states, attentions=out.attentions)
+        out = self.roberta_prelayernorm(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            return_dict=True,
+            **kwargs,
+        )
+        return BertForPreTrainingOutput(
+            prediction_logits=self.lm_head(out.last_hidden_state),
+            seq_relationship_logits=self.seq_relationship(out.pooler_output),
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """HF's save_pretrained, with config.json naming the stock class that loads it (`architectures` is

@@ -12,7 +12,10 @@
 
 Entry points load on first use (study/lazy.py): importing this package must not import torch.
 """
+
 from study.lazy import exports
 
 __all__ = ["rescore_run", "train_run"]
-__getattr__ = exports(__name__, {"train_run": "study.pretrain.trainer", "rescore_run": "study.pretrain.rescore"})
+__getattr__ = exports(
+    __name__, {"train_run": "study.pretrain.trainer", "rescore_run": "study.pretrain.rescore"}
+)

@@ -2,6 +2,7 @@
 
 Also the torchrun entry point: `torchrun --nproc_per_node 2 -m study.pretrain CONFIG.json`.
 """
+
 from study.pretrain.trainer import main
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from that checkpoint; `python -m study.pretrain` exits EXIT_INTERRUPTED = 143, 1
 Where a checkpoint falls changes nothing trained (checkpoints draw no random numbers), so a time rule
 keeps resume bitwise on CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,7 +43,7 @@ from study.runtime import Dist, all_reduce_sum
 
 CKPT_MAGIC = b"STUDYCKPT1\n"
 CKPT_FORMAT = 1
-KEEP_CHECKPOINTS = 2   # the newest may be damaged; the one before is the fallback
+KEEP_CHECKPOINTS = 2  # the newest may be damaged; the one before is the fallback
 
 
 @dataclass
@@ -51,16 +52,16 @@ class TrainState:
     "state"). Plain values only."""
 
     step: int = 0
-    tokens: int = 0          # non-pad tokens trained on (all ranks)
-    positions: int = 0       # positions computed (per micro-batch width: trimmed, or max_seq_len)
-    masked: int = 0          # MLM predictions trained on
+    tokens: int = 0  # non-pad tokens trained on (all ranks)
+    positions: int = 0  # positions computed (per micro-batch width: trimmed, or max_seq_len)
+    masked: int = 0  # MLM predictions trained on
     sequences: int = 0
-    epoch: int = 0           # data position: batch `batch` of epoch `epoch` is next
+    epoch: int = 0  # data position: batch `batch` of epoch `epoch` is next
     batch: int = 0
-    phase: int = 1           # 0: the short rows of train.short_len (epochs counted apart), 1: max_seq_len
-    train_s: float = 0.0     # seconds in training steps (not eval/checkpoint); drives `seconds` budgets
-    wall_s: float = 0.0      # wall seconds of all sessions up to the last checkpoint
-    history_bytes: int = 0   # history.jsonl is truncated to this on resume
+    phase: int = 1  # 0: the short rows of train.short_len (epochs counted apart), 1: max_seq_len
+    train_s: float = 0.0  # seconds in training steps (not eval/checkpoint); drives `seconds` budgets
+    wall_s: float = 0.0  # wall seconds of all sessions up to the last checkpoint
+    history_bytes: int = 0  # history.jsonl is truncated to this on resume
     started: str = ""
     sessions: int = 0
     last_eval: dict = field(default_factory=dict)
@@ -102,9 +103,9 @@ def read_checkpoint(path: Path) -> dict:
     """Verify magic and sha256, then `torch.load(weights_only=True)`. Raises ValueError when damaged."""
     data = path.read_bytes()
     head = len(CKPT_MAGIC) + 65
-    if len(data) < head or not data.startswith(CKPT_MAGIC) or data[head - 1:head] != b"\n":
+    if len(data) < head or not data.startswith(CKPT_MAGIC) or data[head - 1 : head] != b"\n":
         raise ValueError("not a checkpoint or truncated header")
-    digest, payload = data[len(CKPT_MAGIC):head - 1].decode("ascii", "replace"), data[head:]
+    digest, payload = data[len(CKPT_MAGIC) : head - 1].decode("ascii", "replace"), data[head:]
     actual = hashlib.sha256(payload).hexdigest()
     if actual != digest:
         raise ValueError(f"sha256 mismatch ({len(payload)} payload bytes; truncated or corrupted)")
@@ -187,7 +188,9 @@ class CheckpointClock:
             return self.by_steps(step) or self.by_time(), self.stop_requested
         if not log_step:
             return self.by_steps(step), False
-        by_time, stop = all_reduce_sum([float(dist.main and self.by_time()), float(self.stop_requested)], dist, device)
+        by_time, stop = all_reduce_sum(
+            [float(dist.main and self.by_time()), float(self.stop_requested)], dist, device
+        )
         return self.by_steps(step) or by_time > 0, stop > 0
 
     @contextlib.contextmanager
@@ -217,4 +220,7 @@ class CheckpointClock:
         if self.stop_requested:
             raise KeyboardInterrupt
         self.stop_requested = True
-        print("\nCtrl-C: the step finishes and the run checkpoints (Ctrl-C again stops at once)", file=sys.stderr)
+        print(
+            "\nCtrl-C: the step finishes and the run checkpoints (Ctrl-C again stops at once)",
+            file=sys.stderr,
+        )

@@ -22,6 +22,7 @@ that trained it, so a curve of a run trained yesterday and one trained now are c
 A run that finished without intermediate evals has one eval line: there is no curve in it, and this
 module says so (StudyError) instead of drawing one point or retraining behind the caller's back.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -37,19 +38,31 @@ from study.paths import Layout
 from study.pretrain.trainer import train_run
 from study.rundir import RunDir
 
-COLUMNS = ("step", "tokens", "train_s", "ref_mlm_acc", "ref_mode_acc", "ref_mlm_loss", "ref_ppl", "sentence_acc",
-           "ref_mask_acc", "ref_mask_mode_acc",   # [MASK] positions only (evaluate.py)
-           "ref_spread",   # how much the encoder's output varies between asked positions (0: collapsed)
-           "short_mask_acc", "short_mask_mode_acc", "short_spread")   # on the warmup's short rows (evaluate.py)
+COLUMNS = (
+    "step",
+    "tokens",
+    "train_s",
+    "ref_mlm_acc",
+    "ref_mode_acc",
+    "ref_mlm_loss",
+    "ref_ppl",
+    "sentence_acc",
+    "ref_mask_acc",
+    "ref_mask_mode_acc",  # [MASK] positions only (evaluate.py)
+    "ref_spread",  # how much the encoder's output varies between asked positions (0: collapsed)
+    "short_mask_acc",
+    "short_mask_mode_acc",
+    "short_spread",
+)  # on the warmup's short rows (evaluate.py)
 
 
 @dataclass
 class Curve:
     run_hash: str
     rows: list[dict]
-    trained: bool          # False: read from a run that was already finished
-    status: str            # the run's status after this call: done or diverged
-    every: int | None      # the eval interval found in the history (None with fewer than 2 evals)
+    trained: bool  # False: read from a run that was already finished
+    status: str  # the run's status after this call: done or diverged
+    every: int | None  # the eval interval found in the history (None with fewer than 2 evals)
 
 
 def curves_dir(layout: Layout) -> Path:
@@ -61,8 +74,11 @@ def curves_dir(layout: Layout) -> Path:
 def with_evals(cfg: RunConfig, every: int) -> RunConfig:
     """The same run (same hash) with an eval every `every` steps."""
     if every < 1:
-        raise StudyError(f"eval interval must be a positive number of steps, got {every}", field="--every",
-                         allowed="an integer >= 1")
+        raise StudyError(
+            f"eval interval must be a positive number of steps, got {every}",
+            field="--every",
+            allowed="an integer >= 1",
+        )
     out = cfg.model_copy(deep=True)
     out.impl.eval_every = every
     assert out.run_hash() == cfg.run_hash(), "impl.eval_every must stay outside the run hash"
@@ -109,8 +125,9 @@ def curve_rows(run: RunDir) -> list[dict]:
         t = seconds_at(ev["tokens"], toks, secs)
         if ev["step"] == metrics.get("steps"):
             t = metrics.get("time_s", t)  # the run's own total: exact where the last window was not logged
-        rows.append({"step": ev["step"], "tokens": ev["tokens"], "train_s": t,
-                     **{k: res.get(k) for k in COLUMNS[3:]}})
+        rows.append(
+            {"step": ev["step"], "tokens": ev["tokens"], "train_s": t, **{k: res.get(k) for k in COLUMNS[3:]}}
+        )
     return rows
 
 
@@ -140,7 +157,9 @@ def learning_curve(cfg: RunConfig, layout: Layout, every: int, quiet: bool = Fal
             f"run {run.run_hash} finished without intermediate evals (trained with impl.eval_every=0): its "
             f"history holds only the final eval, so there is no curve to read. Train it again with evals in "
             f"another results folder (`study --results OTHER_DIR curve ...`) or remove {run.path}",
-            field="--run", allowed="a run not yet trained, or one trained with impl.eval_every > 0")
+            field="--run",
+            allowed="a run not yet trained, or one trained with impl.eval_every > 0",
+        )
     return Curve(run.run_hash, rows, trained, status, eval_interval(rows))
 
 
@@ -176,7 +195,7 @@ def read_csv(path: Path) -> list[dict]:
 def select_run(study, which: str | None):
     """A planned run of `study` by hash or label (None: the first run). A label shared by several seeds
     means its first seed; the printed summary names the seed."""
-    return study.select([which] if which is not None else None)[0]   # "" is a bad --run, not "the first"
+    return study.select([which] if which is not None else None)[0]  # "" is a bad --run, not "the first"
 
 
 def _pct(v: float | None) -> str:
@@ -187,21 +206,29 @@ def summary(curve: Curve, label: str, seed: int, ratio: float = 2.0) -> str:
     """The table `study curve` prints: one line per eval, then when the run first reached ratio x floor."""
     how = "trained now" if curve.trained else "read from the finished run"
     every = f"every {curve.every} steps" if curve.every else "one eval"
-    lines = [f"run {curve.run_hash} ({label}, seed {seed}): {curve.status}, {how}; {len(curve.rows)} evals, {every}",
-             f"{'step':>7} {'tokens':>11} {'train_s':>8} {'acc%':>6} {'floor%':>6} {'acc/floor':>9} {'loss':>7} "
-             f"{'[MASK]acc%':>10} {'floor%':>6}"]
+    lines = [
+        f"run {curve.run_hash} ({label}, seed {seed}): {curve.status}, {how}; {len(curve.rows)} evals, {every}",
+        f"{'step':>7} {'tokens':>11} {'train_s':>8} {'acc%':>6} {'floor%':>6} {'acc/floor':>9} {'loss':>7} "
+        f"{'[MASK]acc%':>10} {'floor%':>6}",
+    ]
     for r in curve.rows:
         secs = f"{r['train_s']:.1f}" if r["train_s"] is not None else "-"
         ratio_r = r["ref_mlm_acc"] / r["ref_mode_acc"] if r.get("ref_mode_acc") else float("nan")
-        lines.append(f"{r['step']:>7} {r['tokens']:>11,} {secs:>8} {100 * r['ref_mlm_acc']:>6.2f} "
-                     f"{100 * (r['ref_mode_acc'] or float('nan')):>6.2f} {ratio_r:>9.2f} {r['ref_mlm_loss']:>7.3f} "
-                     f"{_pct(r.get('ref_mask_acc')):>10} {_pct(r.get('ref_mask_mode_acc')):>6}")
+        lines.append(
+            f"{r['step']:>7} {r['tokens']:>11,} {secs:>8} {100 * r['ref_mlm_acc']:>6.2f} "
+            f"{100 * (r['ref_mode_acc'] or float('nan')):>6.2f} {ratio_r:>9.2f} {r['ref_mlm_loss']:>7.3f} "
+            f"{_pct(r.get('ref_mask_acc')):>10} {_pct(r.get('ref_mask_mode_acc')):>6}"
+        )
     hit = first_reaching(curve.rows, ratio)
     if hit is None:
         last = curve.rows[-1] if curve.rows else None
-        lines.append(f"never reached {ratio:g}x the most-frequent-token floor"
-                     + (f" within {last['tokens']:,} tokens" if last else ""))
+        lines.append(
+            f"never reached {ratio:g}x the most-frequent-token floor"
+            + (f" within {last['tokens']:,} tokens" if last else "")
+        )
     else:
         secs = f"{hit['train_s']:.1f} s" if hit["train_s"] is not None else "unknown seconds"
-        lines.append(f"first eval at >= {ratio:g}x the floor: step {hit['step']}, {hit['tokens']:,} tokens, {secs}")
+        lines.append(
+            f"first eval at >= {ratio:g}x the floor: step {hit['step']}, {hit['tokens']:,} tokens, {secs}"
+        )
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from a run that has not yet learned context.
 short_mlm_acc, short_mask_acc / short_mask_mode_acc and short_spread: the same on the reference cut at the
 sequence-length warmup's row length (`short_reference_set`), for runs that have one.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,9 +47,9 @@ import torch
 from study.config import RunConfig
 from study.model.bert import pretraining_loss
 
-EVAL_BATCH = 64            # fixed, so results do not depend on the training batch size
+EVAL_BATCH = 64  # fixed, so results do not depend on the training batch size
 SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs
-ROW_SEED = 1234            # which validation rows are scored (fixed)
+ROW_SEED = 1234  # which validation rows are scored (fixed)
 SHOWN = ("mask", "keep", "rnd")  # what an asked position shows: [MASK], its own token, another token
 
 
@@ -56,12 +57,12 @@ SHOWN = ("mask", "keep", "rnd")  # what an asked position shows: [MASK], its own
 class EvalSet:
     """Masked, padded CPU tensors; rows are scored in fixed order."""
 
-    input_ids: torch.Tensor       # [N, L] long, masked inputs
-    labels: torch.Tensor          # [N, L] long, -100 where not asked
+    input_ids: torch.Tensor  # [N, L] long, masked inputs
+    labels: torch.Tensor  # [N, L] long, -100 where not asked
     attention_mask: torch.Tensor  # [N, L] long
     token_type_ids: torch.Tensor  # [N, L] long
     sentence_label: torch.Tensor | None  # [N] long, or None when there is no sentence task
-    mask_id: int | None = None    # the [MASK] id: asked positions that show it are scored apart too
+    mask_id: int | None = None  # the [MASK] id: asked positions that show it are scored apart too
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -110,8 +111,9 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     from study.data.instances import build_instances
 
     try:
-        inst = build_instances(prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED,
-                               epoch=0)
+        inst = build_instances(
+            prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED, epoch=0
+        )
     except StudyError as exc:
         # e.g. NSP needs two validation documents: the run still trains; sentence_acc is null
         warnings.warn(f"no {cfg.objective.sentence} evaluation: {exc}", RuntimeWarning, stacklevel=2)
@@ -124,14 +126,18 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
 def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> dict:
     loss_sum = 0.0
     correct = count = s_correct = s_count = 0
-    by_shown = {k: [0, 0] for k in SHOWN}   # correct, count per what the asked position shows
-    h_sum, h_sq = None, 0.0                 # the encoder's output at the asked positions: sum, sum of squared norms
+    by_shown = {k: [0, 0] for k in SHOWN}  # correct, count per what the asked position shows
+    h_sum, h_sq = None, 0.0  # the encoder's output at the asked positions: sum, sum of squared norms
     for b in range(0, len(es), EVAL_BATCH):
         sl = slice(b, b + EVAL_BATCH)
         att = es.attention_mask[sl]
         width = int(att.sum(1).max())  # trim padding: masks were drawn on the full rows already
-        batch = dict(input_ids=es.input_ids[sl, :width], attention_mask=att[:, :width],
-                     token_type_ids=es.token_type_ids[sl, :width], labels=es.labels[sl, :width])
+        batch = dict(
+            input_ids=es.input_ids[sl, :width],
+            attention_mask=att[:, :width],
+            token_type_ids=es.token_type_ids[sl, :width],
+            labels=es.labels[sl, :width],
+        )
         batch = {k: v.to(device) for k, v in batch.items()}
         s_lab = es.sentence_label[sl].to(device) if es.sentence_label is not None else None
         with autocast():
@@ -152,8 +158,13 @@ def _score(model, es: EvalSet, device: torch.device, autocast, sparse: bool) -> 
             s_correct += int(out.sentence_correct)
             s_count += out.sentence_count
     loss = loss_sum / count if count else float("nan")
-    out = {"loss": loss, "acc": correct / count if count else float("nan"), "masked": count,
-           "sentence_acc": s_correct / s_count if s_count else None, "sentences": s_count}
+    out = {
+        "loss": loss,
+        "acc": correct / count if count else float("nan"),
+        "masked": count,
+        "sentence_acc": s_correct / s_count if s_count else None,
+        "sentences": s_count,
+    }
     for k, (c, m) in by_shown.items():
         out[f"{k}_acc"], out[f"{k}_count"] = (c / m if m else float("nan")), m
     out["spread"] = spread(h_sum, h_sq, count)
@@ -186,15 +197,22 @@ def mode_accuracy(es: EvalSet, shown: str | None = None) -> float:
     over the asked positions that show [MASK] only (the floor of ref_mask_acc), or another token."""
     if shown is None:
         asked = es.labels[es.labels != -100]
-    elif es.mask_id is None:   # a set built without its [MASK] id: no such positions to score
+    elif es.mask_id is None:  # a set built without its [MASK] id: no such positions to score
         return float("nan")
     else:
         asked = es.labels[es.labels != -100][shown_as(es.input_ids, es.labels, es.mask_id)[shown]]
     return float(torch.bincount(asked).max()) / asked.numel() if asked.numel() else float("nan")
 
 
-def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
-             autocast=contextlib.nullcontext, sparse: bool = True, short: EvalSet | None = None) -> dict:
+def evaluate(
+    model,
+    ref: EvalSet,
+    sent: EvalSet | None,
+    device: torch.device,
+    autocast=contextlib.nullcontext,
+    sparse: bool = True,
+    short: EvalSet | None = None,
+) -> dict:
     """Reference MLM loss/accuracy/perplexity (+ NSP/SOP accuracy, + the short-row reference's when given).
     Leaves the model's mode as it was."""
     was_training = model.training
@@ -206,9 +224,16 @@ def evaluate(model, ref: EvalSet, sent: EvalSet | None, device: torch.device,
     finally:
         model.train(was_training)
     # the short-row reference (short_reference_set): only where the run has a sequence-length warmup
-    on_short = {} if q is None else {
-        "short_mlm_acc": q["acc"], "short_mask_acc": q["mask_acc"],
-        "short_mask_mode_acc": mode_accuracy(short, shown="mask"), "short_spread": q["spread"]}
+    on_short = (
+        {}
+        if q is None
+        else {
+            "short_mlm_acc": q["acc"],
+            "short_mask_acc": q["mask_acc"],
+            "short_mask_mode_acc": mode_accuracy(short, shown="mask"),
+            "short_spread": q["spread"],
+        }
+    )
     return {
         "ref_mlm_loss": r["loss"],
         "ref_mlm_acc": r["acc"],
@@ -251,8 +276,9 @@ def device_sync(dev: torch.device) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5,
-                      dtype: torch.dtype = torch.float32) -> float:
+def matmul_peak_flops(
+    device: str = "cpu", n: int = 2048, budget_s: float = 0.5, dtype: torch.dtype = torch.float32
+) -> float:
     """Best observed FLOP/s of an n x n matmul in `dtype` on `device` (with the current thread count).
 
     Measured, not looked up: MFU is then "fraction of what this machine did on a dense matmul in the
@@ -273,4 +299,4 @@ def matmul_peak_flops(device: str = "cpu", n: int = 2048, budget_s: float = 0.5,
         best = min(best, time.perf_counter() - t0)
         if time.perf_counter() - start > budget_s:
             break
-    return 2.0 * n ** 3 / best
+    return 2.0 * n**3 / best

@@ -11,6 +11,7 @@ untouched, because its folder does not match what this code would have written. 
 already has are never overwritten; only missing ones are added, and meta.json records the rescore
 (when, what was added, how far the stored numbers moved, the code version).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,9 @@ class Rescored:
     run_hash: str
     added: list[str] = field(default_factory=list)
     deviation: dict[str, float] = field(default_factory=dict)  # |stored - now| per compared field
-    mismatch: list[str] = field(default_factory=list)          # fields that did not reproduce
-    trained_on: str = "?"   # meta.json's device: scoring elsewhere (GPU bf16 vs CPU fp32) can move the
-    scored_on: str = "?"    # loss past LOSS_RTOL, and then nothing is written (rescore where it trained)
+    mismatch: list[str] = field(default_factory=list)  # fields that did not reproduce
+    trained_on: str = "?"  # meta.json's device: scoring elsewhere (GPU bf16 vs CPU fp32) can move the
+    scored_on: str = "?"  # loss past LOSS_RTOL, and then nothing is written (rescore where it trained)
 
     @property
     def ok(self) -> bool:
@@ -80,8 +81,11 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
     rd = RunDir(layout, run_hash)
     status = rd.status().status
     if status != "done" or not rd.has_model():
-        raise StudyError(f"run {run_hash} is {status}: only a finished run has a model to score",
-                         field="--run", source=str(rd.path))
+        raise StudyError(
+            f"run {run_hash} is {status}: only a finished run has a model to score",
+            field="--run",
+            source=str(rd.path),
+        )
     stored = rd.metrics()
     # the one runtime, impl.threads included: the thread count moves the loss (LOSS_RTOL above)
     with compute_init(cfg.impl) as rt:
@@ -89,16 +93,35 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
         ref, sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
         model = load_pretrained(rd.model_dir, cfg.impl.attention, quiet).to(rt.device)
         with torch.random.fork_rng(devices=[]):  # scoring draws nothing, but leave the caller's RNG alone
-            now = evaluate(model, ref, sent, rt.device, rt.autocast, cfg.impl.sparse_head,
-                           short_reference_set(cfg, prepared))
+            now = evaluate(
+                model,
+                ref,
+                sent,
+                rt.device,
+                rt.autocast,
+                cfg.impl.sparse_head,
+                short_reference_set(cfg, prepared),
+            )
     dev, bad = _compare(stored, now, len(sent) if sent is not None else 0)
     meta = rd.meta()
-    out = Rescored(run_hash, added=[k for k in now if k not in stored], deviation=dev, mismatch=bad,
-                   trained_on=str(meta.get("device", "?")), scored_on=str(rt.device))
+    out = Rescored(
+        run_hash,
+        added=[k for k in now if k not in stored],
+        deviation=dev,
+        mismatch=bad,
+        trained_on=str(meta.get("device", "?")),
+        scored_on=str(rt.device),
+    )
     if out.ok and out.added:
         rd.write_metrics({**stored, **{k: now[k] for k in out.added}})
-        meta.setdefault("rescores", []).append({
-            "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "added": out.added,
-            "deviation": dev, "device": str(rt.device), "git": provenance(str(rt.device))["git"]})
+        meta.setdefault("rescores", []).append(
+            {
+                "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "added": out.added,
+                "deviation": dev,
+                "device": str(rt.device),
+                "git": provenance(str(rt.device))["git"],
+            }
+        )
         rd.write_meta(meta)
     return out

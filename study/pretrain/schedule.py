@@ -3,6 +3,7 @@
 Progress is steps/amount, tokens/amount or seconds/amount (train.budget), so the schedule follows the
 budget whatever unit it is given in: a tokens budget decays over tokens, a seconds budget over time.
 """
+
 from __future__ import annotations
 
 import math

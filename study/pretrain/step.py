@@ -19,6 +19,7 @@ it (history, checkpoint, evaluation) is written.
 Static shapes (impl.pad_to="max", `pad_parts`): every micro-batch padded to max_seq_len, so one run
 has one input shape and impl.compile compiles the encoder once (`LossModule(compile=True)`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,7 +44,9 @@ def resolve_dropout_masks(name: str, device: torch.device) -> str:
 def build_training_model(cfg: RunConfig, vocab: int, device: torch.device) -> tuple[nn.Module, str]:
     """The run's freshly initialised model on `device` (init seeded by cfg.seed, global RNG untouched),
     with the dropout kernel impl.dropout_masks resolves to. Returns (model, resolved dropout_masks)."""
-    model = build_model(cfg.model, vocab, cfg.objective.sentence != "none", cfg.impl, seed=cfg.seed).to(device)
+    model = build_model(cfg.model, vocab, cfg.objective.sentence != "none", cfg.impl, seed=cfg.seed).to(
+        device
+    )
     masks = resolve_dropout_masks(cfg.impl.dropout_masks, device)
     if masks == "bits":
         use_bits_dropout(model)
@@ -55,8 +58,13 @@ def make_optimizer(cfg: RunConfig, model: nn.Module, device: torch.device) -> tu
     on the devices where torch has it)."""
     fused = cfg.impl.fused_optimizer and device.type in ("cpu", "cuda")
     t = cfg.train
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                            **({"fused": True} if fused else {}))
+    opt = torch.optim.AdamW(
+        param_groups(model, t.weight_decay),
+        lr=t.lr,
+        betas=(t.beta1, t.beta2),
+        eps=t.eps,
+        **({"fused": True} if fused else {}),
+    )
     return opt, fused
 
 
@@ -101,13 +109,32 @@ class LossModule(nn.Module):
         self.model, self.sparse, self.chunked = model, sparse, chunked
         object.__setattr__(self, "_runs", _CompiledEncoder(model) if compile else model)
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, sentence_label, w_mlm, w_sent,
-                n_mlm: int, n_sent: int):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        labels,
+        sentence_label,
+        w_mlm,
+        w_sent,
+        n_mlm: int,
+        n_sent: int,
+    ):
         # the part's counts are host ints: the loss then reads nothing back from the device
-        out = pretraining_loss(self._runs, input_ids, attention_mask, token_type_ids, labels,
-                               sentence_label, sparse=self.sparse, accuracy=False, n_masked=n_mlm,
-                               sentence=sentence_label is not None and n_sent > 0,
-                               chunked=self.chunked and self.sparse)
+        out = pretraining_loss(
+            self._runs,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            labels,
+            sentence_label,
+            sparse=self.sparse,
+            accuracy=False,
+            n_masked=n_mlm,
+            sentence=sentence_label is not None and n_sent > 0,
+            chunked=self.chunked and self.sparse,
+        )
         zero = out.mlm_loss.new_zeros(())
         mlm = out.mlm_loss * w_mlm if w_mlm is not None else zero  # None: nothing masked here (NaN mean)
         sent = out.sentence_loss * w_sent if out.sentence_loss is not None else zero
@@ -122,9 +149,11 @@ class LossModule(nn.Module):
 class StepResult:
     """One step, still on the device: read it with read_steps (one transfer for a whole log window)."""
 
-    stats: torch.Tensor      # float64: loss, mlm, sentence, grad_norm (nan without clipping) [, masked, positions]
-    masked: int | None       # MLM predictions trained on (all ranks); None under DDP: then in stats
-    positions: int | None    # positions computed (after trimming or padding); None under DDP: then in stats
+    stats: (
+        torch.Tensor
+    )  # float64: loss, mlm, sentence, grad_norm (nan without clipping) [, masked, positions]
+    masked: int | None  # MLM predictions trained on (all ranks); None under DDP: then in stats
+    positions: int | None  # positions computed (after trimming or padding); None under DDP: then in stats
 
 
 @dataclass
@@ -144,8 +173,17 @@ def read_steps(results: list[StepResult]) -> list[StepValues]:
     if not results:
         return []
     rows = torch.stack([r.stats for r in results]).tolist()
-    return [StepValues(row[0], row[1], row[2], row[3], r.masked if r.masked is not None else int(row[4]),
-                       r.positions if r.positions is not None else int(row[5])) for r, row in zip(results, rows)]
+    return [
+        StepValues(
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            r.masked if r.masked is not None else int(row[4]),
+            r.positions if r.positions is not None else int(row[5]),
+        )
+        for r, row in zip(results, rows)
+    ]
 
 
 def finite(x: float | None) -> bool:
@@ -172,9 +210,19 @@ def _all_reduce_(t: torch.Tensor, dist: Dist) -> torch.Tensor:
     return t
 
 
-def pretrain_step(module: nn.Module, model: nn.Module, opt: torch.optim.Optimizer, parts: list[dict], lr: float,
-                  *, clip: float, rt: Runtime, fused: bool, poison: bool = False,
-                  mid_step: Callable[[], None] | None = None) -> StepResult:
+def pretrain_step(
+    module: nn.Module,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    parts: list[dict],
+    lr: float,
+    *,
+    clip: float,
+    rt: Runtime,
+    fused: bool,
+    poison: bool = False,
+    mid_step: Callable[[], None] | None = None,
+) -> StepResult:
     """Forward/backward over the micro-batches `parts` (study.data.batches.micro_batches), clip, AdamW.
 
     `module` is LossModule(model) or its DDP wrapper. Nothing is read back from the device (see the module
@@ -182,8 +230,11 @@ def pretrain_step(module: nn.Module, model: nn.Module, opt: torch.optim.Optimize
     in the returned stats. `poison` makes the loss NaN (the divergence test hook); `mid_step` runs after the
     backward passes, before the update (the fault suite's kill point)."""
     dist, device = rt.dist, rt.device
-    local = [float(sum(p["n_mlm"] for p in parts)), float(sum(p["n_sent"] for p in parts)),
-             float(sum(p["positions"] for p in parts))]
+    local = [
+        float(sum(p["n_mlm"] for p in parts)),
+        float(sum(p["n_sent"] for p in parts)),
+        float(sum(p["positions"] for p in parts)),
+    ]
     counts = None
     if dist.on:  # the global counts, summed on the device; the loss weights are computed there too
         counts = _all_reduce_(_to_device(torch.tensor(local, dtype=torch.float64), device), dist)
@@ -206,8 +257,9 @@ def pretrain_step(module: nn.Module, model: nn.Module, opt: torch.optim.Optimize
         sync = (not dist.on) or i == len(parts) - 1  # DDP all-reduces gradients on the last micro-batch only
         with contextlib.nullcontext() if sync else module.no_sync():
             with autocast():
-                loss, mlm, sent = module(w_mlm=w_mlm, w_sent=w_sent, n_mlm=p["n_mlm"], n_sent=p["n_sent"],
-                                         **tensors)
+                loss, mlm, sent = module(
+                    w_mlm=w_mlm, w_sent=w_sent, n_mlm=p["n_mlm"], n_sent=p["n_sent"], **tensors
+                )
             if poison and i == 0:
                 loss = loss * float("nan")
             loss.backward()

@@ -38,6 +38,7 @@ What it guarantees (each one tested in tests/test_train.py):
 - Driver: `python -m study.pretrain CONFIG.json --results DIR` (also under torchrun; `python -m
   study.pretrain.trainer` too); exit 2 / 3 as the CLI, 143 when interrupted by SIGTERM or Ctrl-C.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,20 +71,43 @@ from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, 
 from study.io import atomic_dir, file_lock, read_json
 from study.model.bert import model_flops_per_token
 from study.paths import Layout
-from study.pretrain.checkpoint import (CKPT_FORMAT, CheckpointClock, TrainState,
-                                       load_latest_checkpoint, remove_checkpoints, rng_states, set_rng_state,
-                                       write_checkpoint)
-from study.pretrain.evaluate import evaluate, matmul_peak_flops, reference_set, sentence_set, short_reference_set
+from study.pretrain.checkpoint import (
+    CKPT_FORMAT,
+    CheckpointClock,
+    TrainState,
+    load_latest_checkpoint,
+    remove_checkpoints,
+    rng_states,
+    set_rng_state,
+    write_checkpoint,
+)
+from study.pretrain.evaluate import (
+    evaluate,
+    matmul_peak_flops,
+    reference_set,
+    sentence_set,
+    short_reference_set,
+)
 from study.pretrain.schedule import Schedule, budget_progress
-from study.pretrain.step import (LossModule, StepResult, build_training_model, finite, make_optimizer, pad_parts,
-                                 pretrain_step, read_steps)
+from study.pretrain.step import (
+    LossModule,
+    StepResult,
+    build_training_model,
+    finite,
+    make_optimizer,
+    pad_parts,
+    pretrain_step,
+    read_steps,
+)
 from study.provenance import provenance
 from study.rundir import RunDir
 from study.runtime import Runtime, barrier, broadcast, compute_init, dist_env, transformers_quiet
 
-NAN_ENV = "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of step k (1-based) becomes NaN; "<hash>:k" for one run
-DROPOUT_TAG = 0xD20    # the dropout stream, one per DDP rank
-HEARTBEAT_S = 300.0     # without a progress bar, a line on stderr at most this often (Trainer._heartbeat)
+NAN_ENV = (
+    "STUDY_INJECT_NAN_AT_STEP"  # test hook: the loss of step k (1-based) becomes NaN; "<hash>:k" for one run
+)
+DROPOUT_TAG = 0xD20  # the dropout stream, one per DDP rank
+HEARTBEAT_S = 300.0  # without a progress bar, a line on stderr at most this often (Trainer._heartbeat)
 
 OnEval = Callable[[int, int, dict], None]
 
@@ -97,44 +121,66 @@ def check_config(cfg: RunConfig, world: int = 1) -> None:
     """
     t = cfg.train
     if cfg.objective.max_seq_len > cfg.model.max_positions:
-        raise StudyError(f"max_seq_len {cfg.objective.max_seq_len} exceeds model.max_positions "
-                         f"{cfg.model.max_positions}", field="objective.max_seq_len",
-                         allowed=f"<= model.max_positions ({cfg.model.max_positions})")
+        raise StudyError(
+            f"max_seq_len {cfg.objective.max_seq_len} exceeds model.max_positions {cfg.model.max_positions}",
+            field="objective.max_seq_len",
+            allowed=f"<= model.max_positions ({cfg.model.max_positions})",
+        )
     if t.batch_size < 1:
         raise StudyError(f"batch size {t.batch_size}", field="train.batch_size", allowed=">= 1")
     if t.grad_accum < 1:
         raise StudyError(f"grad_accum {t.grad_accum}", field="train.grad_accum", allowed=">= 1")
     split = t.grad_accum * world
     if t.batch_size % split:
-        raise StudyError(f"batch size {t.batch_size} does not split into grad_accum ({t.grad_accum}) x "
-                         f"processes ({world}) equal micro-batches", field="train.batch_size",
-                         allowed=f"a positive multiple of {split}")
+        raise StudyError(
+            f"batch size {t.batch_size} does not split into grad_accum ({t.grad_accum}) x "
+            f"processes ({world}) equal micro-batches",
+            field="train.batch_size",
+            allowed=f"a positive multiple of {split}",
+        )
     if cfg.model.hidden % cfg.model.heads:
-        raise StudyError(f"hidden {cfg.model.hidden} not divisible by heads {cfg.model.heads}",
-                         field="model.heads", allowed=f"a divisor of {cfg.model.hidden}")
+        raise StudyError(
+            f"hidden {cfg.model.hidden} not divisible by heads {cfg.model.heads}",
+            field="model.heads",
+            allowed=f"a divisor of {cfg.model.hidden}",
+        )
     if cfg.impl.compile and cfg.impl.pad_to != "max":  # ImplConfig refuses it too, unless set unvalidated
-        raise StudyError("torch.compile needs static shapes: set impl.pad_to to max", field="impl.compile",
-                         allowed="false, or true with impl.pad_to=max")
+        raise StudyError(
+            "torch.compile needs static shapes: set impl.pad_to to max",
+            field="impl.compile",
+            allowed="false, or true with impl.pad_to=max",
+        )
 
 
 def _check_data(cfg: RunConfig, prepared, instances) -> int:
     """The tokenizer, the cached token ids and the instances must fit the model. Returns the vocab size."""
     vocab = len(prepared.tokenizer)
     if prepared.special.vocab_size != vocab:
-        raise StudyError(f"special ids say vocab {prepared.special.vocab_size}, tokenizer has {vocab}",
-                         field="tokenizer.vocab_size", allowed="a data folder prepared by this version")
+        raise StudyError(
+            f"special ids say vocab {prepared.special.vocab_size}, tokenizer has {vocab}",
+            field="tokenizer.vocab_size",
+            allowed="a data folder prepared by this version",
+        )
     ids = np.asarray(instances.input_ids)
     if ids.size and int(ids.max()) >= vocab:
-        raise StudyError(f"token id {int(ids.max())} outside the tokenizer's vocabulary of {vocab} "
-                         f"(stale data folder {prepared.dir}?)", field="tokenizer.vocab_size",
-                         allowed=f"ids < {vocab}; delete the data folder to rebuild it")
+        raise StudyError(
+            f"token id {int(ids.max())} outside the tokenizer's vocabulary of {vocab} "
+            f"(stale data folder {prepared.dir}?)",
+            field="tokenizer.vocab_size",
+            allowed=f"ids < {vocab}; delete the data folder to rebuild it",
+        )
     if ids.ndim != 2 or ids.shape[1] > cfg.model.max_positions:
-        raise StudyError(f"instances of length {ids.shape[-1]} exceed model.max_positions "
-                         f"{cfg.model.max_positions}", field="objective.max_seq_len",
-                         allowed=f"<= {cfg.model.max_positions}")
+        raise StudyError(
+            f"instances of length {ids.shape[-1]} exceed model.max_positions {cfg.model.max_positions}",
+            field="objective.max_seq_len",
+            allowed=f"<= {cfg.model.max_positions}",
+        )
     if len(ids) < cfg.train.batch_size:
-        raise StudyError(f"the training split yields only {len(ids)} instances, fewer than one batch",
-                         field="train.batch_size", allowed=f"<= {len(ids)} (or a larger corpus)")
+        raise StudyError(
+            f"the training split yields only {len(ids)} instances, fewer than one batch",
+            field="train.batch_size",
+            allowed=f"<= {len(ids)} (or a larger corpus)",
+        )
     return vocab
 
 
@@ -175,8 +221,11 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
         return found
     with compute_init(cfg.impl, dist) as rt:
         # one trainer per run across processes (a second `study run` waits here, then finds the run done)
-        lock = file_lock(layout.root / ".locks" / f"train-{run_hash}.lock") if dist.main \
+        lock = (
+            file_lock(layout.root / ".locks" / f"train-{run_hash}.lock")
+            if dist.main
             else contextlib.nullcontext(True)
+        )
         with lock, torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
             if dist.main:  # another process may have finished it while we waited for the lock
                 found = finished_metrics(rd)
@@ -191,15 +240,16 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
 class Trainer:
     """One session of one run: set up (or resume), loop, finish. Only rank 0 writes files."""
 
-    def __init__(self, cfg: RunConfig, layout: Layout, rt: Runtime, quiet: bool = False,
-                 on_eval: OnEval | None = None):
+    def __init__(
+        self, cfg: RunConfig, layout: Layout, rt: Runtime, quiet: bool = False, on_eval: OnEval | None = None
+    ):
         self.cfg, self.layout, self.rt = cfg, layout, rt
         self.device, self.dist = rt.device, rt.dist
         self.quiet, self.on_eval = quiet, on_eval
         self.rd = RunDir(layout, cfg.run_hash())
         self.session_start = time.perf_counter()
         self.last_ckpt_step: int | None = None
-        self.last_beat = self.session_start   # the heartbeat's clock (_heartbeat)
+        self.last_beat = self.session_start  # the heartbeat's clock (_heartbeat)
         self.clock = CheckpointClock(cfg.impl.checkpoint_every, cfg.impl.checkpoint_minutes)
         self.pending: list[tuple[int, StepResult]] = []  # (step, result) not read back from the device yet
         self.grad_norm = float("nan")  # of the last step read back
@@ -216,7 +266,9 @@ class Trainer:
         """Session events (resume, rejected checkpoint, divergence) go to events.jsonl, never truncated;
         history.jsonl holds only what an uninterrupted run would also log, so the two compare equal."""
         if self.dist.main:
-            self.rd.append_event({"time": _now(), "step": self.state.step if hasattr(self, "state") else 0, **obj})
+            self.rd.append_event(
+                {"time": _now(), "step": self.state.step if hasattr(self, "state") else 0, **obj}
+            )
 
     def _log(self, obj: dict) -> None:
         if self.dist.main:
@@ -237,13 +289,15 @@ class Trainer:
         inst0 = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
         vocab = _check_data(cfg, prepared, inst0)
         # On CUDA the epoch's rows live on the GPU and are masked there (bitwise the CPU's masks, tests/test_cuda.py)
-        self.batches = Batches(cfg, prepared, dist.rank, dist.world, inst0,
-                               device=device if device.type == "cuda" else None)
+        self.batches = Batches(
+            cfg, prepared, dist.rank, dist.world, inst0, device=device if device.type == "cuda" else None
+        )
         self.batches.make(0, 0)  # masking errors (e.g. unsupported masking.unit) surface before the model
         self.short_batches = None
-        if (short := cfg.short_phase()) is not None:   # sequence-length warmup: its own rows, epochs, order
-            self.short_batches = Batches(short, prepared, dist.rank, dist.world,
-                                         device=device if device.type == "cuda" else None)
+        if (short := cfg.short_phase()) is not None:  # sequence-length warmup: its own rows, epochs, order
+            self.short_batches = Batches(
+                short, prepared, dist.rank, dist.world, device=device if device.type == "cuda" else None
+            )
             self.short_batches.make(0, 0)
         self.ref, self.sent = reference_set(cfg, prepared), sentence_set(cfg, prepared)
         self.short_ref = short_reference_set(cfg, prepared)
@@ -264,13 +318,25 @@ class Trainer:
         self._resume()
         self.state.sessions += 1
         # one "start" line per session: where it began (search.py counts the tokens a session trained)
-        self._event({"event": "start", "session": self.state.sessions, "tokens": self.state.tokens,
-                     "resumed": self.state.step > 0, "world_size": dist.world, "device": str(device)})
-        self.step_module = LossModule(self.model, cfg.impl.sparse_head, compile=cfg.impl.compile,
-                                      chunked=self.rt.chunked_mlm)
+        self._event(
+            {
+                "event": "start",
+                "session": self.state.sessions,
+                "tokens": self.state.tokens,
+                "resumed": self.state.step > 0,
+                "world_size": dist.world,
+                "device": str(device),
+            }
+        )
+        self.step_module = LossModule(
+            self.model, cfg.impl.sparse_head, compile=cfg.impl.compile, chunked=self.rt.chunked_mlm
+        )
         if dist.on:
-            self.step_module = DDP(self.step_module, device_ids=[device.index] if device.type == "cuda" else None,
-                                   find_unused_parameters=cfg.objective.sentence == "none")
+            self.step_module = DDP(
+                self.step_module,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=cfg.objective.sentence == "none",
+            )
         try:
             with self.clock.sigterm():  # SIGTERM: the loop checkpoints after the step and raises Interrupted
                 result = self._loop()
@@ -279,7 +345,7 @@ class Trainer:
             if self.short_batches is not None:
                 self.short_batches.close()
         if self.clock.stop_requested:  # SIGTERM during the final checkpoint, eval or publish: the run is
-            raise Interrupted(None)    # done, but the command must stop rather than start the next one
+            raise Interrupted(None)  # done, but the command must stop rather than start the next one
         return result
 
     def _resume(self) -> None:
@@ -288,7 +354,7 @@ class Trainer:
         if self.dist.main and rd.history_path.exists():
             size = ck["state"]["history_bytes"] if ck else 0
             have = rd.history_path.stat().st_size
-            if have < size:   # cut from outside: keep its whole lines, never pad it with NULs
+            if have < size:  # cut from outside: keep its whole lines, never pad it with NULs
                 self._report(f"history.jsonl is shorter than its checkpoint says ({size} bytes)")
                 size = rd.history_path.read_bytes().rfind(b"\n") + 1
             with open(rd.history_path, "r+b") as f:  # drop what the interrupted session logged later
@@ -300,10 +366,13 @@ class Trainer:
             self.state = TrainState(**ck["state"])
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(ck["optimizer"])
-        except (RuntimeError, ValueError, TypeError, KeyError) as exc:   # intact, but written by other code
-            raise StudyError(f"checkpoint {name} is intact but does not load into this code "
-                             f"({type(exc).__name__}: {str(exc)[:300]})", source=str(rd.ckpt_dir),
-                             allowed="the code that wrote it, or delete the folder to train from scratch") from exc
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # intact, but written by other code
+            raise StudyError(
+                f"checkpoint {name} is intact but does not load into this code "
+                f"({type(exc).__name__}: {str(exc)[:300]})",
+                source=str(rd.ckpt_dir),
+                allowed="the code that wrote it, or delete the folder to train from scratch",
+            ) from exc
         if not set_rng_state(ck["rng"], self.dist.rank, self.device):
             self._report(f"checkpoint has no RNG state for rank {self.dist.rank}; dropout reseeded")
         self._event({"event": "resume", "tokens": self.state.tokens, "from": name})
@@ -317,12 +386,25 @@ class Trainer:
         if self.dist.main:
             st.history_bytes = rd.history_path.stat().st_size if rd.history_path.exists() else 0
             rd.ckpt_dir.mkdir(parents=True, exist_ok=True)
-            write_checkpoint(rd.ckpt_dir, st.step, {
-                "format": CKPT_FORMAT, "run_hash": self.cfg.run_hash(), "step": st.step,
-                "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "scheduler": {"kind": self.cfg.train.schedule, "warmup": self.cfg.train.warmup,
-                              "budget": self.cfg.train.budget, "progress": _progress(self.cfg, st)},
-                "state": dataclasses.asdict(st), "rng": [{k: v.cpu() for k, v in r.items()} for r in rng]})
+            write_checkpoint(
+                rd.ckpt_dir,
+                st.step,
+                {
+                    "format": CKPT_FORMAT,
+                    "run_hash": self.cfg.run_hash(),
+                    "step": st.step,
+                    "model": self.model.state_dict(),
+                    "optimizer": self.opt.state_dict(),
+                    "scheduler": {
+                        "kind": self.cfg.train.schedule,
+                        "warmup": self.cfg.train.warmup,
+                        "budget": self.cfg.train.budget,
+                        "progress": _progress(self.cfg, st),
+                    },
+                    "state": dataclasses.asdict(st),
+                    "rng": [{k: v.cpu() for k, v in r.items()} for r in rng],
+                },
+            )
         self.last_ckpt_step = st.step
         self.clock.written()
 
@@ -332,11 +414,23 @@ class Trainer:
         target, _, at = (inject or "").rpartition(":")
         run_hash, step = self.cfg.run_hash(), self.state.step + 1
         poison = bool(inject) and target in ("", run_hash) and int(at) == step
-        parts = batch["parts"] if self.cfg.impl.pad_to == "batch" else \
-            pad_parts(batch["parts"], self.cfg.objective.max_seq_len, self.prepared.special.pad)  # static shapes
-        return pretrain_step(self.step_module, self.model, self.opt, parts, lr, clip=self.cfg.train.clip,
-                             rt=self.rt, fused=self.fused, poison=poison,
-                             mid_step=lambda: faults.point("train.step", f"{run_hash} step {step}"))
+        parts = (
+            batch["parts"]
+            if self.cfg.impl.pad_to == "batch"
+            else pad_parts(batch["parts"], self.cfg.objective.max_seq_len, self.prepared.special.pad)
+        )  # static shapes
+        return pretrain_step(
+            self.step_module,
+            self.model,
+            self.opt,
+            parts,
+            lr,
+            clip=self.cfg.train.clip,
+            rt=self.rt,
+            fused=self.fused,
+            poison=poison,
+            mid_step=lambda: faults.point("train.step", f"{run_hash} step {step}"),
+        )
 
     def _sync(self) -> None:
         """Read the steps run since the last sync back from the device (one transfer) and, in step order,
@@ -346,8 +440,12 @@ class Trainer:
         for (step, _), v in zip(pending, read_steps([r for _, r in pending])):
             if not finite(v.loss) or (clip > 0 and not finite(v.grad_norm)):
                 self._diverged(v.loss, v.grad_norm, step)
-            st.positions, st.masked, st.last_loss, self.grad_norm = (st.positions + v.positions,
-                                                                     st.masked + v.masked, v.loss, v.grad_norm)
+            st.positions, st.masked, st.last_loss, self.grad_norm = (
+                st.positions + v.positions,
+                st.masked + v.masked,
+                v.loss,
+                v.grad_norm,
+            )
             for k, x in (("loss", v.loss), ("mlm", v.mlm), ("sent", v.sentence)):
                 win[k] += x
 
@@ -362,8 +460,19 @@ class Trainer:
     def _eval_event(self) -> dict:
         self._sync()
         st = self.state
-        res = evaluate(self.model, self.ref, self.sent, self.device, self.rt.autocast,
-                       self.cfg.impl.sparse_head, self.short_ref) if self.dist.main else None
+        res = (
+            evaluate(
+                self.model,
+                self.ref,
+                self.sent,
+                self.device,
+                self.rt.autocast,
+                self.cfg.impl.sparse_head,
+                self.short_ref,
+            )
+            if self.dist.main
+            else None
+        )
         res = broadcast(res, self.dist)
         st.last_eval = {**res, "step": st.step}
         self._log({"step": st.step, "tokens": st.tokens, "eval": res})
@@ -391,18 +500,28 @@ class Trainer:
             return
         self.last_beat = now
         cfg, st = self.cfg, self.state
-        print(f"pretrain {cfg.run_hash()} step {st.step:,} ({100 * min(_progress(cfg, st), 1.0):.0f}% of "
-              f"{cfg.train.amount:,.0f} {cfg.train.budget}), loss {loss:.3f}, "
-              f"{f'{tps:,.0f}' if tps else '-'} tok/s", file=sys.stderr, flush=True)
+        print(
+            f"pretrain {cfg.run_hash()} step {st.step:,} ({100 * min(_progress(cfg, st), 1.0):.0f}% of "
+            f"{cfg.train.amount:,.0f} {cfg.train.budget}), loss {loss:.3f}, "
+            f"{f'{tps:,.0f}' if tps else '-'} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _loop(self) -> dict:
         cfg, st, t = self.cfg, self.state, self.cfg.train
         unit_total = {"steps": math.ceil(t.amount), "tokens": t.amount, "seconds": t.amount}[t.budget]
-        bar = tqdm(total=unit_total, initial=min(_progress(cfg, st), 1.0) * unit_total,
-                   desc=f"pretrain {cfg.run_hash()}", unit={"steps": "step", "tokens": "tok", "seconds": "s"}[t.budget],
-                   unit_scale=t.budget == "tokens", dynamic_ncols=True, mininterval=0.5,
-                   disable=self.quiet or not cfg.impl.progress or not self.dist.main,
-                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+        bar = tqdm(
+            total=unit_total,
+            initial=min(_progress(cfg, st), 1.0) * unit_total,
+            desc=f"pretrain {cfg.run_hash()}",
+            unit={"steps": "step", "tokens": "tok", "seconds": "s"}[t.budget],
+            unit_scale=t.budget == "tokens",
+            dynamic_ncols=True,
+            mininterval=0.5,
+            disable=self.quiet or not cfg.impl.progress or not self.dist.main,
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+        )
         empty = {"n": 0, "loss": 0.0, "mlm": 0.0, "sent": 0.0, "tokens": 0, "s": 0.0}
         st.window = st.window or dict(empty)
         last_dt = 0.0
@@ -421,9 +540,13 @@ class Trainer:
                     p_after = (st.train_s + last_dt) / t.amount  # this step's length is not known yet
                 lr = t.lr * self.schedule.factor(p_before, p_after)
                 self.pending.append((st.step + 1, self._train_step(batch, lr)))
-                st.step, st.tokens, st.sequences = st.step + 1, st.tokens + batch["tokens"], st.sequences + t.batch_size
+                st.step, st.tokens, st.sequences = (
+                    st.step + 1,
+                    st.tokens + batch["tokens"],
+                    st.sequences + t.batch_size,
+                )
                 st.epoch, st.batch = source.next_position(st.epoch, st.batch)
-                if st.phase == 0 and _progress(cfg, st) >= t.short_fraction:   # short rows done: full length
+                if st.phase == 0 and _progress(cfg, st) >= t.short_fraction:  # short rows done: full length
                     st.phase, st.epoch, st.batch = 1, 0, 0
                 log_now = st.step % cfg.impl.log_every == 0
                 eval_now = bool(cfg.impl.eval_every) and st.step % cfg.impl.eval_every == 0
@@ -438,13 +561,26 @@ class Trainer:
                 bar.update((1 if t.budget == "steps" else batch["tokens"] if t.budget == "tokens" else dt))
                 if log_now:
                     tps = win["tokens"] / win["s"] if win["s"] else None
-                    self._log({"step": st.step, "tokens": st.tokens, "loss": win["loss"] / win["n"],
-                               "mlm_loss": win["mlm"] / win["n"],
-                               "sentence_loss": win["sent"] / win["n"] if cfg.objective.sentence != "none" else None,
-                               "lr": lr, "grad_norm": self.grad_norm if finite(self.grad_norm) else None,
-                               "tokens_per_s": tps, "epoch": st.epoch})
-                    bar.set_postfix(loss=f"{win['loss'] / win['n']:.3f}", tok_s=f"{tps:,.0f}" if tps else "-",
-                                    refresh=False)
+                    self._log(
+                        {
+                            "step": st.step,
+                            "tokens": st.tokens,
+                            "loss": win["loss"] / win["n"],
+                            "mlm_loss": win["mlm"] / win["n"],
+                            "sentence_loss": win["sent"] / win["n"]
+                            if cfg.objective.sentence != "none"
+                            else None,
+                            "lr": lr,
+                            "grad_norm": self.grad_norm if finite(self.grad_norm) else None,
+                            "tokens_per_s": tps,
+                            "epoch": st.epoch,
+                        }
+                    )
+                    bar.set_postfix(
+                        loss=f"{win['loss'] / win['n']:.3f}",
+                        tok_s=f"{tps:,.0f}" if tps else "-",
+                        refresh=False,
+                    )
                     self._heartbeat(bar, win["loss"] / win["n"], tps)
                     st.window = dict(empty)
                 if eval_now and _progress(cfg, st) < 1.0:
@@ -474,44 +610,79 @@ class Trainer:
         # MFU counts the useful FLOPs (MLM head on predicted positions only, whatever impl.sparse_head
         # does), at the sequence length actually computed after trimming padding.
         mean_len = st.positions / st.sequences if st.sequences else float(seq)
-        fpt = model_flops_per_token(cfg.model, max(1, round(mean_len)), self.vocab,
-                                    masked_per_seq * seq / max(mean_len, 1.0), sparse=True)
+        fpt = model_flops_per_token(
+            cfg.model,
+            max(1, round(mean_len)),
+            self.vocab,
+            masked_per_seq * seq / max(mean_len, 1.0),
+            sparse=True,
+        )
         tps = st.tokens / st.train_s if st.train_s else None
         pps = st.positions / st.train_s if st.train_s else None
         # The peak in the dtype the matmuls run in (bf16 under autocast): against an fp32 peak a bf16 run
         # reads above 1 (1.2 on an H200). 2048^3 is launch-bound on a large GPU, so CUDA times 8192^3.
         dtype = self.rt.dtype or torch.float32
         n = 8192 if self.device.type == "cuda" else 2048
-        peak = matmul_peak_flops(self.device.type if self.device.type != "cuda" else str(self.device), n=n,
-                                 dtype=dtype) if self.dist.main else None
+        peak = (
+            matmul_peak_flops(
+                self.device.type if self.device.type != "cuda" else str(self.device), n=n, dtype=dtype
+            )
+            if self.dist.main
+            else None
+        )
         metrics = {
             **ev,
-            "tokens_seen": st.tokens, "steps": st.step, "sequences_seen": st.sequences,
-            "positions_computed": st.positions, "masked_seen": st.masked,
+            "tokens_seen": st.tokens,
+            "steps": st.step,
+            "sequences_seen": st.sequences,
+            "positions_computed": st.positions,
+            "masked_seen": st.masked,
             "epochs": st.epoch + (st.batch / self.batches.batches_per_epoch(st.epoch) if st.batch else 0.0),
             "tokens_per_s": tps,
             # world-size processes share the work; the peak is one device's, so divide by world
             "mfu": (fpt * pps / (peak * self.dist.world)) if (pps and peak) else None,
-            "flops_per_token": fpt, "peak_flops": peak, "peak_kind": f"{self.rt.precision} matmul {n}^3, measured",
-            "params": self.params, "vocab_size": self.vocab, "wall_s": wall, "time_s": st.train_s,  # time_s: seconds inside training steps
-            "final_loss": st.last_loss, "device": str(self.device), "precision": self.rt.precision,
-            "world_size": self.dist.world, "budget": f"{cfg.train.amount:g} {cfg.train.budget}",
+            "flops_per_token": fpt,
+            "peak_flops": peak,
+            "peak_kind": f"{self.rt.precision} matmul {n}^3, measured",
+            "params": self.params,
+            "vocab_size": self.vocab,
+            "wall_s": wall,
+            "time_s": st.train_s,  # time_s: seconds inside training steps
+            "final_loss": st.last_loss,
+            "device": str(self.device),
+            "precision": self.rt.precision,
+            "world_size": self.dist.world,
+            "budget": f"{cfg.train.amount:g} {cfg.train.budget}",
         }
         if self.dist.main:
             rd.write_metrics(metrics)
-            with atomic_dir(rd.model_dir) as tmp, transformers_quiet(self.quiet):  # its "Writing model shards" bar
+            with (
+                atomic_dir(rd.model_dir) as tmp,
+                transformers_quiet(self.quiet),
+            ):  # its "Writing model shards" bar
                 self.model.save_pretrained(tmp)
                 save_beside_model(self.prepared.tokenizer, tmp, cfg.model.max_positions)
-            rd.write_meta({
-                "run_hash": cfg.run_hash(), "data_hash": cfg.data_hash(), "provenance": provenance(str(self.device)),
-                "wall_s": wall, "device": str(self.device), "params": self.params, "started": st.started,
-                "finished": _now(), "sessions": st.sessions, "world_size": self.dist.world,
-                "precision": self.rt.precision,  # the one name metrics.json uses too (fp32, bf16)
-                "impl": cfg.impl.model_dump(mode="json"),
-                "dropout_masks": self.dropout_masks,
-                "mlm_loss": "chunked" if self.rt.chunked_mlm else "torch",  # what impl.mlm_loss resolved to
-                "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
-            })
+            rd.write_meta(
+                {
+                    "run_hash": cfg.run_hash(),
+                    "data_hash": cfg.data_hash(),
+                    "provenance": provenance(str(self.device)),
+                    "wall_s": wall,
+                    "device": str(self.device),
+                    "params": self.params,
+                    "started": st.started,
+                    "finished": _now(),
+                    "sessions": st.sessions,
+                    "world_size": self.dist.world,
+                    "precision": self.rt.precision,  # the one name metrics.json uses too (fp32, bf16)
+                    "impl": cfg.impl.model_dump(mode="json"),
+                    "dropout_masks": self.dropout_masks,
+                    "mlm_loss": "chunked"
+                    if self.rt.chunked_mlm
+                    else "torch",  # what impl.mlm_loss resolved to
+                    "bitwise_resume": cfg.train.budget != "seconds" and self.device.type == "cpu",
+                }
+            )
             rd.write_status("done", None, st.step)
             remove_checkpoints(rd.ckpt_dir)
         barrier(self.dist)

@@ -10,8 +10,15 @@
 
 Entry points load on first use (study/lazy.py): the report must not import torch.
 """
+
 from study.lazy import exports
 
 __all__ = ["aggregate_study", "render_index", "render_report"]
-__getattr__ = exports(__name__, {"aggregate_study": "study.report.aggregate", "render_report": "study.report.render",
-                                 "render_index": "study.report.render"})
+__getattr__ = exports(
+    __name__,
+    {
+        "aggregate_study": "study.report.aggregate",
+        "render_report": "study.report.render",
+        "render_index": "study.report.render",
+    },
+)

@@ -7,6 +7,7 @@ accuracy on the positions that show [MASK]; dash-dot: that on the warmup's short
 Several curves (e.g. a recipe before and after a change, trained side by side) share the axes.
 Same look as the report's figures (study/report/figures.py); no torch import.
 """
+
 from __future__ import annotations
 
 import io
@@ -34,25 +35,51 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
         vals = {r["ref_mode_acc"] for r in rows if r.get("ref_mode_acc") is not None}
         if vals:
             floors.setdefault(round(max(vals), 6), []).append(label)
-    for col, (x, xlabel) in enumerate((("tokens", "tokens seen"), ("train_s", "training seconds (evals excluded)"))):
+    for col, (x, xlabel) in enumerate(
+        (("tokens", "tokens seen"), ("train_s", "training seconds (evals excluded)"))
+    ):
         acc_ax, loss_ax = axes[0][col], axes[1][col]
         for label, rows in curves.items():
             pts = [r for r in rows if r.get(x) is not None]
-            acc_ax.plot([r[x] for r in pts], [100 * r["ref_mlm_acc"] for r in pts], marker=".",
-                        color=colours[label], label=label)
+            acc_ax.plot(
+                [r[x] for r in pts],
+                [100 * r["ref_mlm_acc"] for r in pts],
+                marker=".",
+                color=colours[label],
+                label=label,
+            )
             at_mask = [r for r in pts if r.get("ref_mask_acc") is not None]
-            if at_mask:   # dotted, same colour: the positions that show [MASK] only (no copying)
-                acc_ax.plot([r[x] for r in at_mask], [100 * r["ref_mask_acc"] for r in at_mask], linestyle=":",
-                            color=colours[label], label=f"{label}, at [MASK] only")
+            if at_mask:  # dotted, same colour: the positions that show [MASK] only (no copying)
+                acc_ax.plot(
+                    [r[x] for r in at_mask],
+                    [100 * r["ref_mask_acc"] for r in at_mask],
+                    linestyle=":",
+                    color=colours[label],
+                    label=f"{label}, at [MASK] only",
+                )
             short = [r for r in pts if r.get("short_mask_acc") is not None]
-            if short:     # dash-dot: the same on rows of the warmup's short length (evaluate.short_reference_set)
-                acc_ax.plot([r[x] for r in short], [100 * r["short_mask_acc"] for r in short], linestyle="-.",
-                            color=colours[label], label=f"{label}, at [MASK] on short rows")
-            loss_ax.plot([r[x] for r in pts], [r["ref_mlm_loss"] for r in pts], marker=".", color=colours[label])
+            if (
+                short
+            ):  # dash-dot: the same on rows of the warmup's short length (evaluate.short_reference_set)
+                acc_ax.plot(
+                    [r[x] for r in short],
+                    [100 * r["short_mask_acc"] for r in short],
+                    linestyle="-.",
+                    color=colours[label],
+                    label=f"{label}, at [MASK] on short rows",
+                )
+            loss_ax.plot(
+                [r[x] for r in pts], [r["ref_mlm_loss"] for r in pts], marker=".", color=colours[label]
+            )
         for floor, owners in floors.items():
             shared = len(floors) == 1
-            acc_ax.axhline(100 * floor, color="black" if shared else colours[owners[0]], linestyle="--",
-                           linewidth=1, label="most-frequent-token floor" + ("" if shared else f" ({owners[0]})"))
+            acc_ax.axhline(
+                100 * floor,
+                color="black" if shared else colours[owners[0]],
+                linestyle="--",
+                linewidth=1,
+                label="most-frequent-token floor" + ("" if shared else f" ({owners[0]})"),
+            )
         acc_ax.set_xlabel(xlabel)
         loss_ax.set_xlabel(xlabel)
         acc_ax.set_ylabel("reference MLM accuracy (%)")

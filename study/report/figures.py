@@ -10,6 +10,7 @@ a paired difference's bar is drawn at the level its decision uses, Holm's for se
 report never re-computes statistics, and a level with fewer than 3 seeds is drawn without a bar.
 No torch import anywhere here: the report must render on a machine without the training stack.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,17 @@ from study.report.aggregate import canon  # noqa: E402,F401 - one rule for level
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
-BOUNDED = {"accuracy", "f1", "matthews_corr", "pearson", "spearman", "ref_mlm_acc", "ref_mask_acc", "sentence_acc", "mfu"}
+BOUNDED = {
+    "accuracy",
+    "f1",
+    "matthews_corr",
+    "pearson",
+    "spearman",
+    "ref_mlm_acc",
+    "ref_mask_acc",
+    "sentence_acc",
+    "mfu",
+}
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
 # The two reference accuracies (study/pretrain/evaluate.py): over every asked position, and over those showing [MASK].
 REF_ACCURACY = {"ref_mlm_acc": "overall", "ref_mask_acc": "at [MASK]"}
@@ -43,7 +54,7 @@ class Drawn:
     caption: str
     fig: plt.Figure | None = None
     skipped: str | None = None
-    rect: tuple = (0, 0, 1, 1)   # tight_layout's box: room left below for legends kept out of the layout
+    rect: tuple = (0, 0, 1, 1)  # tight_layout's box: room left below for legends kept out of the layout
 
 
 @dataclass
@@ -121,7 +132,9 @@ def _yerr(g: pd.DataFrame) -> np.ndarray:
     return np.nan_to_num(np.vstack([lo, hi]), nan=0.0).clip(min=0)
 
 
-def select(summary: pd.DataFrame, task: str, mode: str, metric: str, init: str = "pretrained") -> pd.DataFrame:
+def select(
+    summary: pd.DataFrame, task: str, mode: str, metric: str, init: str = "pretrained"
+) -> pd.DataFrame:
     if summary.empty:
         return summary
     m = (summary["task"] == task) & (summary["mode"] == mode) & (summary["metric"] == metric)
@@ -146,8 +159,15 @@ def _panel_vs_x(ax, g: pd.DataFrame, x: str, label: str | None = None, **kw) -> 
         return False
     xs = _numeric(g[x])
     g = g.assign(_x=xs if xs is not None else g[x].astype(str)).sort_values("_x")
-    ax.errorbar(g["_x"] if xs is not None else range(len(g)), g["mean"], yerr=_yerr(g), marker="o", capsize=3,
-                label=label, **kw)
+    ax.errorbar(
+        g["_x"] if xs is not None else range(len(g)),
+        g["mean"],
+        yerr=_yerr(g),
+        marker="o",
+        capsize=3,
+        label=label,
+        **kw,
+    )
     if xs is None:
         ax.set_xticks(range(len(g)), g["_x"])
     for xv, (_, r) in zip(g["_x"] if xs is not None else range(len(g)), g.iterrows()):
@@ -187,15 +207,25 @@ def _short_switch_steps(curves: pd.DataFrame, recipe: dict) -> list[float]:
         return []
     if budget[0] == "steps":
         return sorted({f * a for f in fracs for a in amounts})
-    tok = curves.dropna(subset=["tokens"]).groupby("step")["tokens"].mean() if "tokens" in curves else pd.Series()
+    tok = (
+        curves.dropna(subset=["tokens"]).groupby("step")["tokens"].mean()
+        if "tokens" in curves
+        else pd.Series()
+    )
     return sorted({float(tok.index[tok >= f * a][0]) for f in fracs for a in amounts if (tok >= f * a).any()})
 
 
-def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan: dict | None = None) -> Drawn:
+def training_curves(
+    curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan: dict | None = None
+) -> Drawn:
     recipe = (plan or {}).get("recipe") or {}
     sentence = [x for x in recipe.get("objective.sentence") or [] if x not in (None, "none")]
-    d = Drawn("training_curves", "Training loss", "Training loss per logged step: mean over seeds, the band spans "
-              "the lowest to the highest seed, one line per design point.")
+    d = Drawn(
+        "training_curves",
+        "Training loss",
+        "Training loss per logged step: mean over seeds, the band spans "
+        "the lowest to the highest seed, one line per design point.",
+    )
     if curves is None or curves.empty or curves["loss"].dropna().empty:
         d.skipped = "no training curves yet (no run has logged a loss)"
         return d
@@ -207,8 +237,16 @@ def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan
     # The MLM loss alone is what compares across levels: the total adds NSP/SOP's loss (≈ ln 2 at chance)
     # to the levels that have a sentence task, which reads as "trains worse". Older aggregates lack it.
     has_mlm = "mlm_loss" in c and c["mlm_loss"].notna().any()
-    panels = [("mlm_loss", "training MLM loss")] if has_mlm else [
-        ("loss", "training loss (MLM + sentence task)" if sentence or not recipe else "training loss (MLM)")]
+    panels = (
+        [("mlm_loss", "training MLM loss")]
+        if has_mlm
+        else [
+            (
+                "loss",
+                "training loss (MLM + sentence task)" if sentence or not recipe else "training loss (MLM)",
+            )
+        ]
+    )
     if has_mlm and sentence:
         panels.append(("loss", "total training loss (MLM + sentence task)"))
     # x is the optimizer step: seeds log at the same steps, while their token counts differ slightly
@@ -224,18 +262,24 @@ def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7, title=None)
     if has_mlm and sentence:
-        d.caption += (" Left: the MLM loss alone, which compares across levels. Right: the total, which adds the "
-                      "sentence task's loss (about ln 2 = 0.69 at chance) to the levels that have one, so it sits "
-                      "higher there without the MLM training worse.")
+        d.caption += (
+            " Left: the MLM loss alone, which compares across levels. Right: the total, which adds the "
+            "sentence task's loss (about ln 2 = 0.69 at chance) to the levels that have one, so it sits "
+            "higher there without the MLM training worse."
+        )
     elif has_mlm:
         d.caption += " The loss is the MLM loss (no level has a sentence task)."
     elif sentence:
-        d.caption += (" The loss is the total (this aggregate predates the separate MLM loss): levels with a "
-                      "sentence task add its loss (about ln 2 = 0.69 at chance), so their lines sit higher.")
+        d.caption += (
+            " The loss is the total (this aggregate predates the separate MLM loss): levels with a "
+            "sentence task add its loss (about ln 2 = 0.69 at chance), so their lines sit higher."
+        )
     if switch:
-        d.caption += (f" The dotted vertical line marks the end of the sequence-length warmup: before it the rows "
-                      f"are {' / '.join(str(x) for x in recipe.get('train.short_len') or ['?'])} tokens "
-                      f"(train.short_len), after it full length, so the loss changes there by row length.")
+        d.caption += (
+            f" The dotted vertical line marks the end of the sequence-length warmup: before it the rows "
+            f"are {' / '.join(str(x) for x in recipe.get('train.short_len') or ['?'])} tokens "
+            f"(train.short_len), after it full length, so the loss changes there by row length."
+        )
     d.fig = fig
     return d
 
@@ -243,11 +287,15 @@ def training_curves(curves: pd.DataFrame, runs: pd.DataFrame | None = None, plan
 def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
     cmp = plan.get("compare") or {}
     a, b = cmp.get("a", "a"), cmp.get("b", "b")
-    d = Drawn("paired_differences", f"{b} minus {a}, per task", f"Paired difference {b} − {a} (same pre-training "
-              "seed), mean with its interval at the level that decides it (95% for the primary comparison, "
-              "Holm's level for the others); the dashed line is no effect. Downstream scores in percentage "
-              "points (pp); perplexity in its own units. A row with fewer than 3 seeds has no interval: a bare "
-              "point, labelled so; ★ marks the primary comparison.")
+    d = Drawn(
+        "paired_differences",
+        f"{b} minus {a}, per task",
+        f"Paired difference {b} − {a} (same pre-training "
+        "seed), mean with its interval at the level that decides it (95% for the primary comparison, "
+        "Holm's level for the others); the dashed line is no effect. Downstream scores in percentage "
+        "points (pp); perplexity in its own units. A row with fewer than 3 seeds has no interval: a bare "
+        "point, labelled so; ★ marks the primary comparison.",
+    )
     if comparisons is None or comparisons.empty:
         d.skipped = "no paired comparison in the aggregate (the study has no `compare`, or no seed finished both levels)"
         return d
@@ -263,12 +311,25 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
         ax = axes[i]
         i += 1
         scale = np.where(down["metric"].isin(BOUNDED), 100.0, 1.0)
-        star = down["primary"].astype(str).eq("True") if "primary" in down else pd.Series(False, index=down.index)
+        star = (
+            down["primary"].astype(str).eq("True")
+            if "primary" in down
+            else pd.Series(False, index=down.index)
+        )
         down["what"] = down["task"] + " " + down["mode"] + " " + down["metric"] + np.where(star, " ★", "")
         y = np.arange(len(down))
-        ax.errorbar(down["diff"] * scale, y, xerr=np.nan_to_num(np.vstack([(down["diff"] - down["ci_low"]) * scale,
-                                                                         (down["ci_high"] - down["diff"]) * scale]),
-                                                              nan=0.0).clip(min=0), fmt="o", capsize=3)
+        ax.errorbar(
+            down["diff"] * scale,
+            y,
+            xerr=np.nan_to_num(
+                np.vstack(
+                    [(down["diff"] - down["ci_low"]) * scale, (down["ci_high"] - down["diff"]) * scale]
+                ),
+                nan=0.0,
+            ).clip(min=0),
+            fmt="o",
+            capsize=3,
+        )
         ax.set_yticks(y, down["what"])
         _no_interval_notes(ax, down["diff"] * scale, y, down)
         ax.axvline(0, ls="--", c="grey")
@@ -299,9 +360,13 @@ def _xerr(g: pd.DataFrame) -> np.ndarray:
 
 
 def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    d = Drawn("mask_rate", "Masking rate vs perplexity and downstream score", "Left: perplexity on the fixed "
-              "reference masks (15%, 80/10/10, the same positions for every run) against the training masking "
-              "rate. Right: downstream scores. Mean over pre-training seeds, 95% t-interval.")
+    d = Drawn(
+        "mask_rate",
+        "Masking rate vs perplexity and downstream score",
+        "Left: perplexity on the fixed "
+        "reference masks (15%, 80/10/10, the same positions for every run) against the training masking "
+        "rate. Right: downstream scores. Mean over pre-training seeds, 95% t-interval.",
+    )
     x = _x_key(plan, keys, "masking.rate")
     if x is None or summary.empty:
         d.skipped = "no masking-rate factor or no finished runs"
@@ -329,13 +394,19 @@ def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     return d
 
 
-def replacement(summary: pd.DataFrame, plan: dict, keys: list[str], runs: pd.DataFrame | None = None) -> Drawn:
-    d = Drawn("replacement", "Replacement split: reference MLM, fine-tune and feature-based", "Per MASK/SAME/RND "
-              "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
-              "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
-              "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. The dashed "
-              "line on the left is the most-frequent-token floor (always predicting the commonest asked token). "
-              "Mean over pre-training seeds, 95% t-interval.")
+def replacement(
+    summary: pd.DataFrame, plan: dict, keys: list[str], runs: pd.DataFrame | None = None
+) -> Drawn:
+    d = Drawn(
+        "replacement",
+        "Replacement split: reference MLM, fine-tune and feature-based",
+        "Per MASK/SAME/RND "
+        "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
+        "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
+        "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. The dashed "
+        "line on the left is the most-frequent-token floor (always predicting the commonest asked token). "
+        "Mean over pre-training seeds, 95% t-interval.",
+    )
     if summary.empty:
         d.skipped = "no finished runs"
         return d
@@ -372,12 +443,14 @@ def replacement(summary: pd.DataFrame, plan: dict, keys: list[str], runs: pd.Dat
             if len(rnd) == 1:
                 ax.axhline(rnd[0], ls=":", color=line[0].get_color(), label=f"{what}, random init")
         floor = _floor(runs) if mode == "pretrain" else None
-        if floor is not None:   # as curves.py: under it a run learned word frequencies only
+        if floor is not None:  # as curves.py: under it a run learned word frequencies only
             ax.axhline(floor, ls="--", c="black", lw=1, label="most-frequent-token floor")
         ax.set_xticks(range(len(order)), order, rotation=30, ha="right")
         ax.set_xlabel("MASK/SAME/RND %" if set(keys) == set(REPLACEMENT_KEYS) else ", ".join(keys))
         # below the panel: inside it the legend covered the top of the intervals
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5), frameon=False).set_in_layout(False)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5), frameon=False).set_in_layout(
+            False
+        )
         _in_points(ax, p["metric"].unique())
     d.rect = (0, 0.2, 1, 1)
     d.fig = fig
@@ -393,9 +466,13 @@ def _floor(runs: pd.DataFrame | None) -> float | None:
 
 
 def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    d = Drawn("depth", "Depth vs perplexity, score, parameters and measured speed", "Against the number of "
-              "layers: fixed-reference perplexity, the primary downstream score, parameter count and measured "
-              "training throughput (tokens/s on this study's hardware). Mean, 95% t-interval over seeds.")
+    d = Drawn(
+        "depth",
+        "Depth vs perplexity, score, parameters and measured speed",
+        "Against the number of "
+        "layers: fixed-reference perplexity, the primary downstream score, parameter count and measured "
+        "training throughput (tokens/s on this study's hardware). Mean, 95% t-interval over seeds.",
+    )
     x = _x_key(plan, keys, "layers")
     if x is None or summary.empty:
         d.skipped = "no depth factor or no finished runs"
@@ -404,10 +481,12 @@ def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     if task == "pretrain":
         dm = _downstream_metrics(summary)
         task, mode, metric = dm[0] if dm else (task, mode, metric)
-    panels = [("reference perplexity", select(summary, "pretrain", "pretrain", "ref_ppl")),
-              (metric_label(task, mode, metric), select(summary, task, mode, metric)),
-              ("parameters", select(summary, "pretrain", "pretrain", "params")),
-              ("tokens / s (measured)", select(summary, "pretrain", "pretrain", "tokens_per_s"))]
+    panels = [
+        ("reference perplexity", select(summary, "pretrain", "pretrain", "ref_ppl")),
+        (metric_label(task, mode, metric), select(summary, task, mode, metric)),
+        ("parameters", select(summary, "pretrain", "pretrain", "params")),
+        ("tokens / s (measured)", select(summary, "pretrain", "pretrain", "tokens_per_s")),
+    ]
     if all(g.empty for _, g in panels):
         d.skipped = "no per-depth metrics yet"
         return d
@@ -424,8 +503,11 @@ def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
 
 def generic(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
     task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
-    d = Drawn("primary_metric", f"{metric_label(task, mode, metric)} per design point",
-              "The primary metric per factor level, mean over pre-training seeds with 95% t-interval.")
+    d = Drawn(
+        "primary_metric",
+        f"{metric_label(task, mode, metric)} per design point",
+        "The primary metric per factor level, mean over pre-training seeds with 95% t-interval.",
+    )
     g = select(summary, task, mode, metric) if not summary.empty else summary
     if g.empty:
         d.skipped = f"no values of the primary metric {plan.get('primary_metric')!r} yet"
@@ -445,8 +527,12 @@ def search_trials(trials: pd.DataFrame | None, direction: str = "minimize") -> D
 
     `trials` columns: number, state, value, params_* (any), and optionally tokens.
     """
-    d = Drawn("search_trials", "Search trials", "Objective value of every completed trial (dots) and the best "
-              "value so far (line); pruned and failed trials are counted in the caption, not drawn.")
+    d = Drawn(
+        "search_trials",
+        "Search trials",
+        "Objective value of every completed trial (dots) and the best "
+        "value so far (line); pruned and failed trials are counted in the caption, not drawn.",
+    )
     if trials is None or trials.empty or "value" not in trials:
         d.skipped = "no search trials"
         return d
@@ -481,15 +567,23 @@ def _safe(name: str, fn) -> Drawn:
         return Drawn(name, name.replace("_", " "), "", skipped=f"could not draw: {type(exc).__name__}: {exc}")
 
 
-def choose(plan: dict, keys: list[str], summary: pd.DataFrame, comparisons: pd.DataFrame,
-           curves: pd.DataFrame, runs: pd.DataFrame | None = None) -> list[Drawn]:
+def choose(
+    plan: dict,
+    keys: list[str],
+    summary: pd.DataFrame,
+    comparisons: pd.DataFrame,
+    curves: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+) -> list[Drawn]:
     """The kind's figures, a paired-difference plot whenever the plan compares two levels, the
     primary metric when nothing else drew, and always the training curves."""
     kind = plan.get("kind", "generic")
-    by_kind = {"nsp": ("paired_differences", lambda: paired_differences(comparisons, plan)),
-               "mask_rate": ("mask_rate", lambda: mask_rate(summary, plan, keys)),
-               "replacement": ("replacement", lambda: replacement(summary, plan, keys, runs)),
-               "depth": ("depth", lambda: depth(summary, plan, keys))}
+    by_kind = {
+        "nsp": ("paired_differences", lambda: paired_differences(comparisons, plan)),
+        "mask_rate": ("mask_rate", lambda: mask_rate(summary, plan, keys)),
+        "replacement": ("replacement", lambda: replacement(summary, plan, keys, runs)),
+        "depth": ("depth", lambda: depth(summary, plan, keys)),
+    }
     drawn = [_safe(*by_kind[kind])] if kind in by_kind else []
     if kind != "nsp" and plan.get("compare"):
         drawn.append(_safe("paired_differences", lambda: paired_differences(comparisons, plan)))
@@ -519,9 +613,17 @@ def save(drawn: list[Drawn], out_dir: Path) -> list[FigureFile]:
     return files
 
 
-def make_figures(plan: dict, keys: list[str], summary: pd.DataFrame, comparisons: pd.DataFrame,
-                 curves: pd.DataFrame, out_dir: Path, runs: pd.DataFrame | None = None,
-                 trials: pd.DataFrame | None = None, direction: str = "minimize") -> list[FigureFile]:
+def make_figures(
+    plan: dict,
+    keys: list[str],
+    summary: pd.DataFrame,
+    comparisons: pd.DataFrame,
+    curves: pd.DataFrame,
+    out_dir: Path,
+    runs: pd.DataFrame | None = None,
+    trials: pd.DataFrame | None = None,
+    direction: str = "minimize",
+) -> list[FigureFile]:
     """Draw the kind's figures (+ training curves, + search trials when given) into out_dir."""
     drawn = choose(plan, keys, summary, comparisons, curves, runs)
     if trials is not None:

@@ -2,6 +2,7 @@
 
 Shared by the report's tables and sentences (render.py) and its paper comparisons (papers.py).
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ scale against theirs, and a row per paper difference with ours next to it and a 
 The matching and verdicts are study/report/references/'s; this module turns a study's aggregate
 (render.StudyFiles) into what the report's "beside the papers" sections show.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,7 @@ def _ours_by_level(sf, levels: list[dict], s: pd.DataFrame) -> dict:
     for i, lv in enumerate(levels):
         m = pd.Series(True, index=s.index)
         for k, v in lv.items():
-            m &= (s[k].isna() if pd.isna(v) else s[k] == v)
+            m &= s[k].isna() if pd.isna(v) else s[k] == v
         for r in s[m].itertuples(index=False):
             ours[(i, r.task, r.mode, r.metric)] = {"mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
     cmp = sf.plan.get("compare") or {}
@@ -65,13 +66,21 @@ def _ours_by_level(sf, levels: list[dict], s: pd.DataFrame) -> dict:
         for r in sf.comparisons.itertuples(index=False):
             if not finite(r.diff):  # no seed at both levels (n = 0): the per-level CIs judge it instead
                 continue
-            noise = None if not (finite(r.ci_low) and finite(r.ci_high)) else (NOISE_WORDS in str(r.interpretation))
+            noise = (
+                None
+                if not (finite(r.ci_low) and finite(r.ci_high))
+                else (NOISE_WORDS in str(r.interpretation))
+            )
             same = getattr(r, "ci_method", "") == S.SAME_DIFF or SAME_WORDS in str(r.interpretation)
             ours[("diff", i, j, r.task, r.mode, r.metric)] = {
-                "diff": r.diff, "ci_low": r.ci_low, "ci_high": r.ci_high, "noise": noise,
+                "diff": r.diff,
+                "ci_low": r.ci_low,
+                "ci_high": r.ci_high,
+                "noise": noise,
                 "why": "no test: the same difference in every seed" if same else None,
                 "ci_level": getattr(r, "ci_level", None),  # absent from an aggregate older than stats.py
-                "basis": "paired by seed: t-interval at the level of its test"}
+                "basis": "paired by seed: t-interval at the level of its test",
+            }
     return {"ours": ours, "pairs": pairs}
 
 
@@ -87,8 +96,15 @@ def our_scale(sf) -> dict:
     corpus, shapes = "unknown (no run config in the aggregate)", []
     for c in configs.values():
         srcs = (c.get("corpus") or {}).get("sources") or []
-        corpus = " + ".join(s.get("kind", "?") + (f":{Path(s['path']).name}" if s.get("path") else "")
-                            + (f":{s['name']}" if s.get("name") else "") for s in srcs) or corpus
+        corpus = (
+            " + ".join(
+                s.get("kind", "?")
+                + (f":{Path(s['path']).name}" if s.get("path") else "")
+                + (f":{s['name']}" if s.get("name") else "")
+                for s in srcs
+            )
+            or corpus
+        )
         m = c.get("model") or {}
         shape = (m.get("layers") or 0, m.get("hidden") or 0, m.get("heads") or 0)
         if m and shape not in shapes:
@@ -102,17 +118,27 @@ def our_scale(sf) -> dict:
             return "unknown"
         lo, hi = x.min(), x.max()
         return human(hi) if math.isclose(lo, hi, rel_tol=0.01) else f"{human(lo)}–{human(hi)}"
-    return {"params": params.max() if len(params) else None, "tokens": tokens.max() if len(tokens) else None,
-            "params_s": rng(params), "tokens_s": rng(tokens), "corpus": corpus,
-            # smallest to largest, whatever order the runs came in
-            "model": "; ".join(f"L={ly} H={h} A={a}" for ly, h, a in sorted(shapes)) if shapes else "shape unknown"}
+
+    return {
+        "params": params.max() if len(params) else None,
+        "tokens": tokens.max() if len(tokens) else None,
+        "params_s": rng(params),
+        "tokens_s": rng(tokens),
+        "corpus": corpus,
+        # smallest to largest, whatever order the runs came in
+        "model": "; ".join(f"L={ly} H={h} A={a}" for ly, h, a in sorted(shapes))
+        if shapes
+        else "shape unknown",
+    }
 
 
 def scale_statement(ours: dict, ref: R.Reference) -> str:
     sc = ref.scale
-    parts = [f"Ours: {ours['params_s']} parameters ({ours['model']}), {ours['tokens_s']} training "
-             f"tokens, corpus {ours['corpus']}. Theirs: {human(sc.params)} parameters ({sc.model}), "
-             f"{human(sc.train_tokens)} training tokens, {sc.corpus}."]
+    parts = [
+        f"Ours: {ours['params_s']} parameters ({ours['model']}), {ours['tokens_s']} training "
+        f"tokens, corpus {ours['corpus']}. Theirs: {human(sc.params)} parameters ({sc.model}), "
+        f"{human(sc.train_tokens)} training tokens, {sc.corpus}."
+    ]
     if finite(ours["params"]) and sc.params:
         parts.append(f"They used {sc.params / ours['params']:,.0f}× the parameters of our largest run")
         if finite(ours["tokens"]) and sc.train_tokens:
@@ -136,8 +162,13 @@ def _plateau_levels(sf, levels: list[dict]) -> set[int]:
     answer's guard (render.plateau_runs), applied to each level's runs (all its factor values match)."""
     bad = plateau_hashes(sf.runs)
     runs = [r for r in sf.plan.get("runs", []) if r["run_hash"] in bad]
-    return {i for i, lv in enumerate(levels)
-            if any(all(F.canon((r.get("factors") or {}).get(k)) == F.canon(v) for k, v in lv.items()) for r in runs)}
+    return {
+        i
+        for i, lv in enumerate(levels)
+        if any(
+            all(F.canon((r.get("factors") or {}).get(k)) == F.canon(v) for k, v in lv.items()) for r in runs
+        )
+    }
 
 
 def reference_sections(sf) -> list[dict]:
@@ -149,8 +180,17 @@ def reference_sections(sf) -> list[dict]:
     flat = _plateau_levels(sf, levels)
     out = []
     for ref in refs:
-        cmp = R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"]) if levels else \
-            {"rows": [], "confounders": [], "matched": {}, "note": "no finished runs to compare with", "trend": None}
+        cmp = (
+            R.paper_vs_ours(ref, levels, od["ours"], pairs=od["pairs"])
+            if levels
+            else {
+                "rows": [],
+                "confounders": [],
+                "matched": {},
+                "note": "no finished runs to compare with",
+                "trend": None,
+            }
+        )
         rows, unmeasured = [], []
         for r in cmp["rows"]:
             o = r["ours"]
@@ -159,25 +199,55 @@ def reference_sections(sf) -> list[dict]:
                 if what not in unmeasured:
                     unmeasured.append(what)
                 continue
-            if r["i"] in flat or r["j"] in flat:  # the answer's floor guard: a difference measures the plateau
+            if (
+                r["i"] in flat or r["j"] in flat
+            ):  # the answer's floor guard: a difference measures the plateau
                 r = {**r, "verdict": PLATEAU}
-            rows.append({**r, "paper_diff_s": paper_diff_s(r["paper_diff"], r["metric"]),
-                         "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
-                         "ours_ci_s": (fmt_ci(o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True,
-                                              level=o.get("ci_level"))
-                                       if o and o.get("ci_low") is not None else (o or {}).get("basis", "")),
-                         "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh")})
+            rows.append(
+                {
+                    **r,
+                    "paper_diff_s": paper_diff_s(r["paper_diff"], r["metric"]),
+                    "ours_diff_s": fmt_diff(o["diff"], r["metric"]) if o else "not measured",
+                    "ours_ci_s": (
+                        fmt_ci(
+                            o.get("ci_low"), o.get("ci_high"), r["metric"], diff=True, level=o.get("ci_level")
+                        )
+                        if o and o.get("ci_low") is not None
+                        else (o or {}).get("basis", "")
+                    ),
+                    "klass": {"agrees": "good", "disagrees": "bad"}.get(r["verdict"], "meh"),
+                }
+            )
         v = ref.verification.verified
-        out.append({"ref": ref, "citation": ref.citation, "scale": scale_statement(ours_sc, ref), "rows": rows,
-                    "unmeasured": unmeasured, "trend": cmp.get("trend"),
-                    "verified": {True: "verified", False: "NOT verified", "partial": "partly verified"}[v],
-                    "note": cmp["note"], "confounders": cmp["confounders"],
-                    "matched": {F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
-                                for i, lab in cmp["matched"].items()},
-                    "table_cols": [c.name for c in ref.columns],
-                    "table_rows": [{"label": r.label, "verified": r.verified,
-                                    "cells": [("–" if r.values.get(c.name) is None else str(r.values[c.name]))
-                                              for c in ref.columns]} for r in ref.rows]})
+        out.append(
+            {
+                "ref": ref,
+                "citation": ref.citation,
+                "scale": scale_statement(ours_sc, ref),
+                "rows": rows,
+                "unmeasured": unmeasured,
+                "trend": cmp.get("trend"),
+                "verified": {True: "verified", False: "NOT verified", "partial": "partly verified"}[v],
+                "note": cmp["note"],
+                "confounders": cmp["confounders"],
+                "matched": {
+                    F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
+                    for i, lab in cmp["matched"].items()
+                },
+                "table_cols": [c.name for c in ref.columns],
+                "table_rows": [
+                    {
+                        "label": r.label,
+                        "verified": r.verified,
+                        "cells": [
+                            ("–" if r.values.get(c.name) is None else str(r.values[c.name]))
+                            for c in ref.columns
+                        ],
+                    }
+                    for r in ref.rows
+                ],
+            }
+        )
     return out
 
 
@@ -190,16 +260,24 @@ def papers_markdown(sf) -> str:
     for s in reference_sections(sf):
         out += [f"**{name}** beside {s['citation']} ({s['verified']}). {s['scale']}", ""]
         if s["matched"]:
-            out += ["Matched levels: " + "; ".join(f"ours `{ours}` = paper \"{paper}\""
-                                                   for ours, paper in s["matched"].items()) + ".", ""]
+            out += [
+                "Matched levels: "
+                + "; ".join(f'ours `{ours}` = paper "{paper}"' for ours, paper in s["matched"].items())
+                + ".",
+                "",
+            ]
         if s["rows"]:
-            out += ["| column | ours: task / metric | paper: from -> to | paper diff | ours diff | ours CI | direction |",
-                    "|---|---|---|---|---|---|---|"]
+            out += [
+                "| column | ours: task / metric | paper: from -> to | paper diff | ours diff | ours CI | direction |",
+                "|---|---|---|---|---|---|---|",
+            ]
             for r in s["rows"]:
                 unver = "" if r["paper_verified"] else " (unverified)"
-                out.append(f"| {r['column']} | {r['task']} {r['mode']} {r['metric']} | {r['paper_a_label']} "
-                           f"{r['paper_a']} -> {r['paper_b_label']} {r['paper_b']}{unver} | {r['paper_diff_s']} | "
-                           f"{r['ours_diff_s']} | {r['ours_ci_s']} | {r['verdict']} |")
+                out.append(
+                    f"| {r['column']} | {r['task']} {r['mode']} {r['metric']} | {r['paper_a_label']} "
+                    f"{r['paper_a']} -> {r['paper_b_label']} {r['paper_b']}{unver} | {r['paper_diff_s']} | "
+                    f"{r['ours_diff_s']} | {r['ours_ci_s']} | {r['verdict']} |"
+                )
         else:
             out.append(f"No row to compare: {s['note'] or 'no level of ours matches a paper row'}.")
         if s["unmeasured"]:

@@ -11,6 +11,7 @@ Deliberately no torch / transformers / training imports (a test checks sys.modul
 be re-renderable on any machine from the tables alone. Every label that came from a user (study
 name, question, run labels, errors) goes through jinja2 autoescaping.
 """
+
 from __future__ import annotations
 
 import base64
@@ -75,18 +76,29 @@ def load_study_dir(study_dir: str | Path) -> StudyFiles:
             raise ValueError("not an aggregate's study.json")
     except (OSError, ValueError) as exc:
         what = "missing" if isinstance(exc, FileNotFoundError) else f"unreadable: {exc}"
-        raise StudyError(f"no aggregate at {study_dir} (study.json {what}); run `study aggregate` to write it",
-                         source=str(study_dir / "study.json")) from None
-    keys = study.get("factor_keys") or sorted({k for r in study["plan"].get("runs", []) for k in r.get("factors", {})})
+        raise StudyError(
+            f"no aggregate at {study_dir} (study.json {what}); run `study aggregate` to write it",
+            source=str(study_dir / "study.json"),
+        ) from None
+    keys = study.get("factor_keys") or sorted(
+        {k for r in study["plan"].get("runs", []) for k in r.get("factors", {})}
+    )
     tpath = study_dir.parent.parent / "search" / str(study["plan"].get("name")) / "trials.csv"
     trials = _read_csv(tpath) if tpath.exists() else None
-    return StudyFiles(dir=study_dir, study=study, summary=_read_csv(study_dir / "summary.csv"),
-                      comparisons=_read_csv(study_dir / "comparisons.csv"),
-                      baseline=_read_csv(study_dir / "baseline.csv"), runs=_read_csv(study_dir / "runs.csv"),
-                      curves=_read_csv(study_dir / "curves.csv"), trials=trials, factor_keys=list(keys))
+    return StudyFiles(
+        dir=study_dir,
+        study=study,
+        summary=_read_csv(study_dir / "summary.csv"),
+        comparisons=_read_csv(study_dir / "comparisons.csv"),
+        baseline=_read_csv(study_dir / "baseline.csv"),
+        runs=_read_csv(study_dir / "runs.csv"),
+        curves=_read_csv(study_dir / "curves.csv"),
+        trials=trials,
+        factor_keys=list(keys),
+    )
 
 
-NOTES = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"   # aggregate.compare's notes after the verdict
+NOTES = f"(?:{PAIRED_NOTE}|{AVERAGED_NOTE})"  # aggregate.compare's notes after the verdict
 
 
 def _notes(interpretation: Any) -> str:
@@ -107,25 +119,35 @@ def methods_sentence(sf: StudyFiles) -> str:
     if not st:  # an aggregate written before study.report.stats: say what it used instead
         return f"Statistics of this (older) aggregate: {sf.study.get('ci_method')}; {sf.study.get('test')}."
     a = f"{st['alpha']:g}"
-    text = (f"Statistics: the unit is the pre-training seed (fine-tune seeds averaged within it). One rule: a "
-            f"difference is beyond seed noise exactly when its interval excludes 0, which is exactly when its "
-            f"two-sided t-test gives p < {a} (t-interval on n−1 df; Welch's for pre-trained vs random init; "
-            f"a BCa bootstrap, whose p inverts its interval, only from n={st['bootstrap_min_n']}; below "
-            f"n={st['min_n']} no interval, no test and no direction). The primary comparison is tested alone "
-            f"at {a}; ")
+    text = (
+        f"Statistics: the unit is the pre-training seed (fine-tune seeds averaged within it). One rule: a "
+        f"difference is beyond seed noise exactly when its interval excludes 0, which is exactly when its "
+        f"two-sided t-test gives p < {a} (t-interval on n−1 df; Welch's for pre-trained vs random init; "
+        f"a BCa bootstrap, whose p inverts its interval, only from n={st['bootstrap_min_n']}; below "
+        f"n={st['min_n']} no interval, no test and no direction). The primary comparison is tested alone "
+        f"at {a}; "
+    )
     fam = st.get("family") or 0
-    text += (f"the other {fam} paired comparisons (cost metrics excluded) are Holm-corrected, each interval drawn "
-             f"at the level Holm tests it at, so it excludes 0 exactly when its Holm-adjusted p < {a}."
-             if fam else _untested_others(sf, st["min_n"]))
+    text += (
+        f"the other {fam} paired comparisons (cost metrics excluded) are Holm-corrected, each interval drawn "
+        f"at the level Holm tests it at, so it excludes 0 exactly when its Holm-adjusted p < {a}."
+        if fam
+        else _untested_others(sf, st["min_n"])
+    )
     pr = st.get("primary")
     if pr and finite(pr.get("mde")):
-        text += (f" With n={pr['n']} seeds and SD {fmt_diff(pr['sd_diff'], pr['metric']).lstrip('+')} of the "
-                 f"paired differences, this study could detect differences of ≥ "
-                 f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
-                 f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs.")
+        text += (
+            f" With n={pr['n']} seeds and SD {fmt_diff(pr['sd_diff'], pr['metric']).lstrip('+')} of the "
+            f"paired differences, this study could detect differences of ≥ "
+            f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
+            f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs."
+        )
     elif pr:
-        why = (f"n<{st['min_n']}" if pr["n"] < st["min_n"]
-               else "the same difference in every seed, so no measure of seed noise")
+        why = (
+            f"n<{st['min_n']}"
+            if pr["n"] < st["min_n"]
+            else "the same difference in every seed, so no measure of seed noise"
+        )
         text += f" With n={pr['n']} seeds the primary comparison has no minimum detectable effect ({why})."
     return text
 
@@ -140,7 +162,9 @@ def _untested_others(sf: StudyFiles, min_n: int) -> str:
         return "there are no other paired comparisons to correct for."
     why = f"n<{min_n}" if (o["n"] < min_n).all() else "no interval"
     rows = f"{len(o)} other row{'s' if len(o) > 1 else ''}"
-    return f"no other comparison could be tested ({why}; {rows} in the table), so there is nothing to correct."
+    return (
+        f"no other comparison could be tested ({why}; {rows} in the table), so there is nothing to correct."
+    )
 
 
 def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
@@ -171,34 +195,51 @@ def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
 
     # plans written before the init scale was recorded have none: say nothing rather than "?"
     init = f", weights initialised with SD {v('model.init_range', sd)}" if r.get("model.init_range") else ""
-    text = (f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
-            f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
-            f"{v('model.dropout')}{init}; WordPiece vocabulary {v('tokenizer.vocab_size')}; "
-            f"{v('objective.format')} rows of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
-            f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
-            f"[MASK]/unchanged/random {v('masking.split', split, ', ')}; "
-            f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows")
+    text = (
+        f"Pre-training: a {v('model.arch', lambda a: arch.get(a, a))} encoder of {v('model.layers')} layers, "
+        f"hidden {v('model.hidden')}, {v('model.heads')} heads, FFN {v('model.intermediate')}, dropout "
+        f"{v('model.dropout')}{init}; WordPiece vocabulary {v('tokenizer.vocab_size')}; "
+        f"{v('objective.format')} rows of {v('objective.max_seq_len')} tokens, sentence task {v('objective.sentence')}; "
+        f"{v('masking.rate', pct)} of the tokens asked ({v('masking.unit')} units), shown as "
+        f"[MASK]/unchanged/random {v('masking.split', split, ', ')}; "
+        f"{v('train.amount', lambda x: f'{x:,.0f}')} {v('train.budget')} of {v('train.batch_size')} rows"
+    )
     if any(r.get("train.short_fraction") or []):
-        text += (f", the first {v('train.short_fraction', pct)} of them on {v('train.short_len')}-token rows "
-                 f"(as many tokens per step)")
-    text += (f"; AdamW at peak lr {v('train.lr')}, warmup {v('train.warmup', pct)} of the budget, "
-             f"{v('train.schedule')} schedule.")
-    if r.get("finetune.pooling"):   # plans written before the fine-tuning keys were recorded have none
-        pool = {"cls": "the pooled [CLS] (BERT's)", "mean": "the mean of the last layer over the row's tokens"}
+        text += (
+            f", the first {v('train.short_fraction', pct)} of them on {v('train.short_len')}-token rows "
+            f"(as many tokens per step)"
+        )
+    text += (
+        f"; AdamW at peak lr {v('train.lr')}, warmup {v('train.warmup', pct)} of the budget, "
+        f"{v('train.schedule')} schedule."
+    )
+    if r.get("finetune.pooling"):  # plans written before the fine-tuning keys were recorded have none
+        pool = {
+            "cls": "the pooled [CLS] (BERT's)",
+            "mean": "the mean of the last layer over the row's tokens",
+        }
         rows = v("finetune.max_train_examples", lambda x: "all" if x is None else f"{x:,}")
-        text += (f" Fine-tuning reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
-                 f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task")
-        if r.get("finetune.seeds"):   # plans written before the seeds and the probe were recorded have none
+        text += (
+            f" Fine-tuning reads {v('finetune.pooling', lambda p: pool.get(p, p))}; "
+            f"AdamW at lr {v('finetune.lr')} for {v('finetune.epochs')} epochs of {rows} training rows per task"
+        )
+        if r.get("finetune.seeds"):  # plans written before the seeds and the probe were recorded have none
             counts = [f"{' / '.join(f'{n:,}' for n in ns)} ({t})" for t, ns in (eval_rows or {}).items()]
             whole = lambda x: "the whole dev set" if x is None else f"at most {x:,} dev rows per task"  # noqa: E731
             dev = " / ".join(counts) + " dev rows" if counts else v("finetune.max_eval_examples", whole)
-            text += f", {v('finetune.seeds', lambda s: str(len(s)))} fine-tune seeds per encoder, scored on {dev}"
+            text += (
+                f", {v('finetune.seeds', lambda s: str(len(s)))} fine-tune seeds per encoder, scored on {dev}"
+            )
         if any(r.get("finetune.probe") or []):
-            text += (f". The probe: a logistic regression (ridge for regression tasks) on standardised features of "
-                     f"the frozen encoder's last {v('finetune.probe_layers')} layer(s), each pooled the same way "
-                     f"and concatenated")
+            text += (
+                f". The probe: a logistic regression (ridge for regression tasks) on standardised features of "
+                f"the frozen encoder's last {v('finetune.probe_layers')} layer(s), each pooled the same way "
+                f"and concatenated"
+            )
         text += "."
-    return text + (" Where runs differ, every value is listed." if any(len(x) > 1 for x in r.values()) else "")
+    return text + (
+        " Where runs differ, every value is listed." if any(len(x) > 1 for x in r.values()) else ""
+    )
 
 
 # --------------------------------------------------------------------------- content
@@ -213,21 +254,32 @@ def answer_sentence(sf: StudyFiles) -> dict:
         n = int(ans.get("n") or 0)
         flat = plateau_runs(sf, fac, (a, b))
         if flat:
-            return {"text": f"{b} minus {a} ({fac}) on {what}: not trained past the plateau: {len(flat)} of the "
-                            f"compared runs ({', '.join(flat)}) score no better on the reference MLM than always "
-                            f"predicting the most frequent token, so a difference would measure how fast they left "
-                            f"it, not the factor; no direction is claimed.", "kind": "plateau"}
+            return {
+                "text": f"{b} minus {a} ({fac}) on {what}: not trained past the plateau: {len(flat)} of the "
+                f"compared runs ({', '.join(flat)}) score no better on the reference MLM than always "
+                f"predicting the most frequent token, so a difference would measure how fast they left "
+                f"it, not the factor; no direction is claimed.",
+                "kind": "plateau",
+            }
         if n >= S.MIN_N and not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
             # enough seeds, but no test (the same difference in every seed: aggregate.interpret says so)
-            return {"text": f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, n={n} seeds: "
-                            f"{ans.get('interpretation')}; no direction is claimed.", "kind": "paired"}
+            return {
+                "text": f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, n={n} seeds: "
+                f"{ans.get('interpretation')}; no direction is claimed.",
+                "kind": "paired",
+            }
         if n < S.MIN_N or not (finite(ans.get("ci_low")) and finite(ans.get("ci_high"))):
-            return {"text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed)"
-                            f"{_notes(ans.get('interpretation'))}, so no direction is claimed.", "kind": "paired"}
+            return {
+                "text": f"{b} minus {a} ({fac}) on {what}: n={n}: {TOO_FEW_WORDS} ({S.MIN_N} needed)"
+                f"{_notes(ans.get('interpretation'))}, so no direction is claimed.",
+                "kind": "paired",
+            }
         verdict = _verdict_words(ans.get("interpretation"))
-        text = (f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
-                f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds"
-                f"{left_out(sf, fac, (a, b))}: {verdict}")
+        text = (
+            f"{b} minus {a} ({fac}) on {what}: {fmt_diff(ans['diff'], metric)}, 95% CI "
+            f"{fmt_ci(ans.get('ci_low'), ans.get('ci_high'), metric, diff=True)}, n={n} seeds"
+            f"{left_out(sf, fac, (a, b))}: {verdict}"
+        )
         if all(finite(ans.get(k)) and ans[k] == 0 for k in ("diff", "ci_low", "ci_high")):
             # A zero-width CI at exactly 0: every seed scored the same (often the majority-class rate).
             text += f" (every seed of both levels scored exactly {fmt_value(ans.get('mean_a'), metric)})"
@@ -239,48 +291,72 @@ def answer_sentence(sf: StudyFiles) -> dict:
     s = F.select(sf.summary, task, mode, metric) if not sf.summary.empty else sf.summary
     flat = plateau_runs(sf)
     if len(s) >= 1 and flat:
-        return {"text": f"not trained past the plateau: {len(flat)} of {len(sf.runs)} runs ({', '.join(flat)}) score "
-                        f"no better on the reference MLM than always predicting the most frequent token, so the "
-                        f"levels' {what} would measure how fast they left it; no best level is named.",
-                "kind": "plateau"}
+        return {
+            "text": f"not trained past the plateau: {len(flat)} of {len(sf.runs)} runs ({', '.join(flat)}) score "
+            f"no better on the reference MLM than always predicting the most frequent token, so the "
+            f"levels' {what} would measure how fast they left it; no best level is named.",
+            "kind": "plateau",
+        }
     if len(s) >= 1:
         lower_better = metric in ("ref_ppl", "ref_mlm_loss") or metric.endswith("loss")
         s = F.with_levels(s, sf.factor_keys, F.run_labels(plan, sf.factor_keys)).sort_values(
-            "mean", ascending=lower_better)
+            "mean", ascending=lower_better
+        )
         best, rest = s.iloc[0], s.iloc[1:]
-        head = (f"best {', '.join(sf.factor_keys) or 'run'} for {what}: {best['level']} "
-                f"({fmt_value(best['mean'], metric)}, 95% CI {fmt_ci(best['ci_low'], best['ci_high'], metric)}, "
-                f"n={int(best['n'])} seeds)")
+        head = (
+            f"best {', '.join(sf.factor_keys) or 'run'} for {what}: {best['level']} "
+            f"({fmt_value(best['mean'], metric)}, 95% CI {fmt_ci(best['ci_low'], best['ci_high'], metric)}, "
+            f"n={int(best['n'])} seeds)"
+        )
         if rest.empty:  # one design point: what it can be compared with is the random-init baseline
             b = sf.baseline
             b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric)] if not b.empty else b
             if not b.empty and finite(b.iloc[0]["diff"]):
                 r = b.iloc[0]
-                return {"text": f"{head}; pre-trained minus random init: {fmt_diff(r['diff'], metric)}, 95% CI "
-                                f"{fmt_ci(r['ci_low'], r['ci_high'], metric, diff=True)}: {r['interpretation']}.",
-                        "kind": "baseline"}
+                return {
+                    "text": f"{head}; pre-trained minus random init: {fmt_diff(r['diff'], metric)}, 95% CI "
+                    f"{fmt_ci(r['ci_low'], r['ci_high'], metric, diff=True)}: {r['interpretation']}.",
+                    "kind": "baseline",
+                }
             return {"text": head + "; only one design point, so nothing to compare.", "kind": "single"}
         if not (finite(best["ci_low"]) and finite(best["ci_high"])):
             return {"text": f"{head}: {TOO_FEW_WORDS}.", "kind": "levels"}
         # A CI of no width (every seed the same) measures no seed noise: it is set beside no other one
         same = [r["level"] for _, r in rest.iterrows() if S.zero_width(r["ci_low"], r["ci_high"])]
-        overl = [r["level"] for _, r in rest.iterrows() if finite(r["ci_low"]) and r["level"] not in same and
-                 not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])]
+        overl = [
+            r["level"]
+            for _, r in rest.iterrows()
+            if finite(r["ci_low"])
+            and r["level"] not in same
+            and not (r["ci_low"] > best["ci_high"] or r["ci_high"] < best["ci_low"])
+        ]
         # Separate intervals that overlap are not a test of the difference (a paired one can still find it):
         # no verdict either way without a `report.compare`, whose paired test is the study's answer.
         if S.zero_width(best["ci_low"], best["ci_high"]):
             tail = ": every seed at it scored the same, so its CI is set beside no other level's"
         else:
-            tail = (f": its CI overlaps {', '.join(map(str, overl))}'s" if overl else
-                    ": its CI is clear of every other level's" if len(rest) > len(same) else "")
-            tail += f"; every seed of {', '.join(map(str, same))} scored the same (no CI to set beside)" if same else ""
+            tail = (
+                f": its CI overlaps {', '.join(map(str, overl))}'s"
+                if overl
+                else ": its CI is clear of every other level's"
+                if len(rest) > len(same)
+                else ""
+            )
+            tail += (
+                f"; every seed of {', '.join(map(str, same))} scored the same (no CI to set beside)"
+                if same
+                else ""
+            )
         tail += " (separate intervals, not a test; `report.compare` in the spec names a paired comparison)"
         return {"text": head + tail + _no_gain_over_random(sf, task, mode, metric) + ".", "kind": "levels"}
     total = len(sf.runs)
     done = int((sf.runs["status"] == "done").sum()) if total else 0
     bad = int(sf.runs["status"].isin(["failed", "diverged"]).sum()) if total else 0
-    return {"text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
-                    f"primary metric {plan.get('primary_metric')!r} has no values.", "kind": "none"}
+    return {
+        "text": f"No answer yet: {done} of {total} runs finished ({bad} failed or diverged) and the "
+        f"primary metric {plan.get('primary_metric')!r} has no values.",
+        "kind": "none",
+    }
 
 
 def _other_mode(sf: StudyFiles, task: str, mode: str, metric: str) -> str:
@@ -294,9 +370,11 @@ def _other_mode(sf: StudyFiles, task: str, mode: str, metric: str) -> str:
     out = ""
     for r in c.itertuples():
         if finite(r.diff):
-            out += (f" On {F.metric_label(task, r.mode, metric)}: {fmt_diff(r.diff, metric)}, CI "
-                    f"{fmt_ci(r.ci_low, r.ci_high, metric, diff=True, level=getattr(r, 'ci_level', None))}: "
-                    f"{_verdict_words(r.interpretation)}.")
+            out += (
+                f" On {F.metric_label(task, r.mode, metric)}: {fmt_diff(r.diff, metric)}, CI "
+                f"{fmt_ci(r.ci_low, r.ci_high, metric, diff=True, level=getattr(r, 'ci_level', None))}: "
+                f"{_verdict_words(r.interpretation)}."
+            )
     return out
 
 
@@ -312,24 +390,43 @@ def _no_gain_over_random(sf: StudyFiles, task: str, mode: str, metric: str) -> s
         return ""
     lo, hi = fmt_diff(b["diff"].min(), metric), fmt_diff(b["diff"].max(), metric)
     span = lo if lo == hi else f"{lo} to {hi}"
-    return (f"; no pre-trained level beats random init on it beyond seed noise (gains {span}, see What "
-            f"pre-training bought), so it may not reflect what pre-training learned")
+    return (
+        f"; no pre-trained level beats random init on it beyond seed noise (gains {span}, see What "
+        f"pre-training bought), so it may not reflect what pre-training learned"
+    )
 
 
 def _summary_rows(sf: StudyFiles) -> list[dict]:
     s = sf.summary
     if s.empty:
         return []
-    s = F.with_levels(s[s["init"] == "pretrained"] if "init" in s else s, sf.factor_keys,
-                      F.run_labels(sf.plan, sf.factor_keys))
+    s = F.with_levels(
+        s[s["init"] == "pretrained"] if "init" in s else s,
+        sf.factor_keys,
+        F.run_labels(sf.plan, sf.factor_keys),
+    )
     task, mode, metric = parse_metric(sf.plan.get("primary_metric"), field="report.primary_metric")
-    s = s.assign(is_other=~((s["task"] == task) & (s["mode"] == mode) & (s["metric"] == metric)),
-                 is_cost=s["metric"].isin(COST_METRICS))
+    s = s.assign(
+        is_other=~((s["task"] == task) & (s["mode"] == mode) & (s["metric"] == metric)),
+        is_cost=s["metric"].isin(COST_METRICS),
+    )
     s = s.sort_values(["is_other", "is_cost", "task", "mode", "metric", "level"])
-    return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric, "primary": not r.is_other,
-             "mean": fmt_value(r.mean, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
-             "std": fmt_value(r.std, r.metric) if r.metric not in F.BOUNDED else
-             (f"{100 * r.std:.1f}" if finite(r.std) else "–"), "n": int(r.n)} for r in s.itertuples()]
+    return [
+        {
+            "level": r.level,
+            "task": r.task,
+            "mode": r.mode,
+            "metric": r.metric,
+            "primary": not r.is_other,
+            "mean": fmt_value(r.mean, r.metric),
+            "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
+            "std": fmt_value(r.std, r.metric)
+            if r.metric not in F.BOUNDED
+            else (f"{100 * r.std:.1f}" if finite(r.std) else "–"),
+            "n": int(r.n),
+        }
+        for r in s.itertuples()
+    ]
 
 
 def _comparison_rows(sf: StudyFiles) -> list[dict]:
@@ -337,19 +434,38 @@ def _comparison_rows(sf: StudyFiles) -> list[dict]:
     if c.empty:
         return []
     # Downstream first, then pre-training quality, then cost (speed, size) which is rarely the question.
-    c = c.assign(order=[2 if m in COST_METRICS else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])])
+    c = c.assign(
+        order=[
+            2 if m in COST_METRICS else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])
+        ]
+    )
     c = c.sort_values(["order", "task", "mode", "metric"], kind="stable")
-    c = c.reindex(columns=[*c.columns, *(k for k in STATS_COLS if k not in c)])  # an older aggregate lacks them
-    return [{"task": r.task, "mode": r.mode, "metric": r.metric, "a": r.a, "b": r.b,
-             "mean_a": fmt_value(r.mean_a, r.metric), "mean_b": fmt_value(r.mean_b, r.metric),
-             "diff": fmt_diff(r.diff, r.metric),
-             "ci": "none (the same difference in every seed)" if getattr(r, "ci_method", "") == S.SAME_DIFF
-             else fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True, level=r.ci_level),
-             "n": int(r.n), "p": _fmt_p(r.p_value),
-             "p_adj": _fmt_p(r.p_adjusted),
-             "correction": r.correction if isinstance(r.correction, str) else "–", "primary": str(r.primary) == "True",
-             "mde": fmt_diff(r.mde, r.metric).lstrip("+"), "interpretation": r.interpretation}
-            for r in c.itertuples()]
+    c = c.reindex(
+        columns=[*c.columns, *(k for k in STATS_COLS if k not in c)]
+    )  # an older aggregate lacks them
+    return [
+        {
+            "task": r.task,
+            "mode": r.mode,
+            "metric": r.metric,
+            "a": r.a,
+            "b": r.b,
+            "mean_a": fmt_value(r.mean_a, r.metric),
+            "mean_b": fmt_value(r.mean_b, r.metric),
+            "diff": fmt_diff(r.diff, r.metric),
+            "ci": "none (the same difference in every seed)"
+            if getattr(r, "ci_method", "") == S.SAME_DIFF
+            else fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True, level=r.ci_level),
+            "n": int(r.n),
+            "p": _fmt_p(r.p_value),
+            "p_adj": _fmt_p(r.p_adjusted),
+            "correction": r.correction if isinstance(r.correction, str) else "–",
+            "primary": str(r.primary) == "True",
+            "mde": fmt_diff(r.mde, r.metric).lstrip("+"),
+            "interpretation": r.interpretation,
+        }
+        for r in c.itertuples()
+    ]
 
 
 STATS_COLS = ("ci_level", "p_adjusted", "correction", "primary", "mde")
@@ -366,27 +482,41 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
     keys = [k for k in sf.factor_keys if k in b]
     b = F.with_levels(b, keys, F.run_labels(sf.plan, keys))
     b = b.reindex(columns=[*b.columns, *(k for k in STATS_COLS if k not in b)])
-    return [{"level": r.level, "task": r.task, "mode": r.mode, "metric": r.metric,
-             "pre": fmt_value(r.mean_pretrained, r.metric), "rnd": fmt_value(r.mean_random, r.metric),
-             "diff": fmt_diff(r.diff, r.metric), "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True,
-                                                              level=r.ci_level),
-             "n": f"{int(r.n_pretrained)} / {int(r.n_random)}", "p": _fmt_p(getattr(r, "p_value", None)),
-             "p_adj": _fmt_p(r.p_adjusted),
-             "interpretation": r.interpretation} for r in b.itertuples()]
+    return [
+        {
+            "level": r.level,
+            "task": r.task,
+            "mode": r.mode,
+            "metric": r.metric,
+            "pre": fmt_value(r.mean_pretrained, r.metric),
+            "rnd": fmt_value(r.mean_random, r.metric),
+            "diff": fmt_diff(r.diff, r.metric),
+            "ci": fmt_ci(r.ci_low, r.ci_high, r.metric, diff=True, level=r.ci_level),
+            "n": f"{int(r.n_pretrained)} / {int(r.n_random)}",
+            "p": _fmt_p(getattr(r, "p_value", None)),
+            "p_adj": _fmt_p(r.p_adjusted),
+            "interpretation": r.interpretation,
+        }
+        for r in b.itertuples()
+    ]
 
 
 def _problem_runs(sf: StudyFiles) -> dict:
     # fine-tune seeds that diverged (aggregate.collect): left out of every mean, listed with their error
-    ft = sorted(sf.study.get("finetune_problems") or [], key=lambda x: (x["label"], x["init"], x["task"], x["seed"]))
+    ft = sorted(
+        sf.study.get("finetune_problems") or [], key=lambda x: (x["label"], x["init"], x["task"], x["seed"])
+    )
     r = sf.runs
     if r.empty:
         return {"bad": [], "pending": [], "collapsed": [], "finetune": ft}
     rec, flat = records(r), plateau_hashes(r)
-    return {"bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
-            "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
-            # collapsed: finished runs not beyond always predicting the most frequent token (the one rule)
-            "collapsed": [x for x in rec if str(x.get("run_hash")) in flat],
-            "finetune": ft}
+    return {
+        "bad": [x for x in rec if x.get("status") in ("failed", "diverged")],
+        "pending": [x for x in rec if x.get("status") not in ("failed", "diverged", "done")],
+        # collapsed: finished runs not beyond always predicting the most frequent token (the one rule)
+        "collapsed": [x for x in rec if str(x.get("run_hash")) in flat],
+        "finetune": ft,
+    }
 
 
 def plateau_runs(sf: StudyFiles, factor: str | None = None, levels: tuple = ()) -> list[str]:
@@ -407,8 +537,11 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
     out = []
     for lev in levels:
         runs = _runs_at(sf, factor, (lev,))
-        bad = [f"seed {r['seed']} {status.get(r['run_hash'], 'pending')}" for r in runs
-               if status.get(r["run_hash"]) != "done"]
+        bad = [
+            f"seed {r['seed']} {status.get(r['run_hash'], 'pending')}"
+            for r in runs
+            if status.get(r["run_hash"]) != "done"
+        ]
         if bad:
             out.append(f"{len(bad)} of {len(runs)} runs at {lev}: {', '.join(bad)}")
     return f" (left out: {'; '.join(out)})" if out else ""
@@ -416,9 +549,13 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
 
 def _runs_at(sf: StudyFiles, factor: str | None, levels: tuple) -> list[dict]:
     """The plan's runs at the given levels of `factor` ("label" or a factor key); every run without one."""
-    want = {F.canon(v) for v in levels}   # canon: a level read back as 4.0 is the plan's 4
-    return [r for r in sf.plan.get("runs", []) if factor is None
-            or F.canon(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want]
+    want = {F.canon(v) for v in levels}  # canon: a level read back as 4.0 is the plan's 4
+    return [
+        r
+        for r in sf.plan.get("runs", [])
+        if factor is None
+        or F.canon(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want
+    ]
 
 
 def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
@@ -427,9 +564,11 @@ def collapse_warning(bad: list[dict], n_runs: int) -> str | None:
     if not bad:
         return None
     labels = sorted({str(x.get("label")) for x in bad})
-    return (f"Warning: {len(bad)} of {n_runs} runs ({', '.join(labels)}) score no better on the reference "
-            f"MLM than always predicting the most frequent token: they collapsed or have not trained long "
-            f"enough, so a difference involving them measures that, not the factor (see Problems).")
+    return (
+        f"Warning: {len(bad)} of {n_runs} runs ({', '.join(labels)}) score no better on the reference "
+        f"MLM than always predicting the most frequent token: they collapsed or have not trained long "
+        f"enough, so a difference involving them measures that, not the factor (see Problems)."
+    )
 
 
 def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> dict | None:
@@ -440,29 +579,48 @@ def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> 
     """
     if trials is None or trials.empty:
         return None
-    state = trials["state"].astype(str).str.upper() if "state" in trials else pd.Series("COMPLETE", index=trials.index)
+    state = (
+        trials["state"].astype(str).str.upper()
+        if "state" in trials
+        else pd.Series("COMPLETE", index=trials.index)
+    )
     counts = state.value_counts().to_dict()
-    done = trials[state.str.contains("COMPLETE") & trials["value"].notna()] if "value" in trials else trials.iloc[:0]
+    done = (
+        trials[state.str.contains("COMPLETE") & trials["value"].notna()]
+        if "value" in trials
+        else trials.iloc[:0]
+    )
     best = None
     if not done.empty:
         b = done.loc[done["value"].idxmin() if direction == "minimize" else done["value"].idxmax()]
-        best = {"number": int(b["number"]) if "number" in b and finite(b["number"]) else None,
-                "value": f"{b['value']:.4g}",
-                "params": {key: b[col] for key, col in param_columns(b.index).items()}}
+        best = {
+            "number": int(b["number"]) if "number" in b and finite(b["number"]) else None,
+            "value": f"{b['value']:.4g}",
+            "params": {key: b[col] for key, col in param_columns(b.index).items()},
+        }
     return {"n": len(trials), "counts": counts, "best": best}
 
 
 # --------------------------------------------------------------------------- rendering
 def _env() -> jinja2.Environment:
     # autoescape=True for every template: study names, questions, labels and errors are user text.
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["pct"] = lambda v: f"{100 * v:.1f}%" if finite(v) else "-"   # a fraction; None or NaN as "-"
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pct"] = lambda v: f"{100 * v:.1f}%" if finite(v) else "-"  # a fraction; None or NaN as "-"
     return env
 
 
-def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.DataFrame | None = None,
-                  search_direction: str = "minimize") -> Path:
+def render_report(
+    study_dir: str | Path,
+    out_dir: str | Path,
+    search_trials: pd.DataFrame | None = None,
+    search_direction: str = "minimize",
+) -> Path:
     """Write out_dir/index.html (self-contained), out_dir/figures/*.png|svg and out_dir/report.json.
 
     `search_trials` (an optuna trials table: number, state, value, params_*, tokens or
@@ -477,31 +635,75 @@ def render_report(study_dir: str | Path, out_dir: str | Path, search_trials: pd.
     out_dir = Path(out_dir)
     sections = reference_sections(sf)  # raises StudyError for an unknown reference before writing
     with atomic_dir(out_dir / "figures") as tmp:
-        files = F.make_figures(sf.plan, sf.factor_keys, sf.summary, sf.comparisons, sf.curves, tmp,
-                               runs=sf.runs, trials=sf.trials, direction=search_direction)
+        files = F.make_figures(
+            sf.plan,
+            sf.factor_keys,
+            sf.summary,
+            sf.comparisons,
+            sf.curves,
+            tmp,
+            runs=sf.runs,
+            trials=sf.trials,
+            direction=search_direction,
+        )
         # alt: what the figure shows in one line (title + the caption's first sentence), not just its name
-        figs = [{"name": f.name, "title": f.title, "caption": f.caption, "skipped": f.skipped,
-                 "alt": f"{f.title}: {f.caption.split('. ')[0].rstrip('.')}." if f.caption else f.title,
-                 "src": "data:image/png;base64," + base64.b64encode(f.png.read_bytes()).decode("ascii")
-                 if f.png else None,
-                 "files": [p.name for p in (f.png, f.svg) if p]} for f in files]
+        figs = [
+            {
+                "name": f.name,
+                "title": f.title,
+                "caption": f.caption,
+                "skipped": f.skipped,
+                "alt": f"{f.title}: {f.caption.split('. ')[0].rstrip('.')}." if f.caption else f.title,
+                "src": "data:image/png;base64," + base64.b64encode(f.png.read_bytes()).decode("ascii")
+                if f.png
+                else None,
+                "files": [p.name for p in (f.png, f.svg) if p],
+            }
+            for f in files
+        ]
     answer = answer_sentence(sf)
     problems = _problem_runs(sf)
     warning = collapse_warning(problems["collapsed"], len(sf.runs))
     plan = sf.plan
-    html = _env().get_template("report.html").render(
-        csp=CSP, plan=plan, name=plan["name"], question=plan.get("question") or "(no question in the spec)",
-        answer=answer, warning=warning, methods=methods_sentence(sf), recipe=recipe_sentence(sf.plan, sf.study.get("eval_rows")), factor_keys=sf.factor_keys, summary=_summary_rows(sf), comparisons=_comparison_rows(sf),
-        baseline=_baseline_rows(sf), figures=figs, references=sections, problems=problems,
-        provenance=provenance_section(sf), search=search_summary(sf.trials, search_direction),
-        n_runs=len(sf.runs), n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
-        generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    html = (
+        _env()
+        .get_template("report.html")
+        .render(
+            csp=CSP,
+            plan=plan,
+            name=plan["name"],
+            question=plan.get("question") or "(no question in the spec)",
+            answer=answer,
+            warning=warning,
+            methods=methods_sentence(sf),
+            recipe=recipe_sentence(sf.plan, sf.study.get("eval_rows")),
+            factor_keys=sf.factor_keys,
+            summary=_summary_rows(sf),
+            comparisons=_comparison_rows(sf),
+            baseline=_baseline_rows(sf),
+            figures=figs,
+            references=sections,
+            problems=problems,
+            provenance=provenance_section(sf),
+            search=search_summary(sf.trials, search_direction),
+            n_runs=len(sf.runs),
+            n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
+            generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        )
+    )
     atomic_write_text(out_dir / "index.html", html)
-    atomic_write_json(out_dir / "report.json", {"name": plan["name"], "question": plan.get("question"),
-                                                "answer": answer["text"], "warning": warning,
-                                                "kind": plan.get("kind"),
-                                                "runs": len(sf.runs), "figures": [f["name"] for f in figs
-                                                                                  if f["src"]]})
+    atomic_write_json(
+        out_dir / "report.json",
+        {
+            "name": plan["name"],
+            "question": plan.get("question"),
+            "answer": answer["text"],
+            "warning": warning,
+            "kind": plan.get("kind"),
+            "runs": len(sf.runs),
+            "figures": [f["name"] for f in figs if f["src"]],
+        },
+    )
     return out_dir / "index.html"
 
 

@@ -26,6 +26,7 @@ the interval is built from the same distribution and the same level as the test 
 Minimum detectable effect: the noncentral t power of a two-sided paired t-test, at the alpha the
 row's own test uses (aggregate passes the Holm level for a secondary row); none when the paired SD is 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,8 @@ from scipy import optimize, stats
 from study.errors import StudyError
 
 ALPHA = 0.05
-MIN_N = 3                 # fewer units: no interval at all (a t-interval on 1 df is +-12.7 SE wide)
-BOOTSTRAP_MIN_N = 50      # from here on one-sample intervals are BCa bootstraps
+MIN_N = 3  # fewer units: no interval at all (a t-interval on 1 df is +-12.7 SE wide)
+BOOTSTRAP_MIN_N = 50  # from here on one-sample intervals are BCa bootstraps
 N_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 POWER = 0.80
@@ -53,7 +54,7 @@ PILOT_SD_BOUNDED = 0.01
 # differences apart in the 17th digit, an SD of 4e-17 and, as a t-test, p = 6e-33), not spread.
 SAME_SPREAD_RTOL = 1e-12
 SAME_DIFF = "none (the same difference in every seed)"
-NO_SPREAD = "none (no spread on either side)"   # welch_interval's SAME_DIFF: every unit of each side equal
+NO_SPREAD = "none (no spread on either side)"  # welch_interval's SAME_DIFF: every unit of each side equal
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,28 @@ class Interval:
 def _none(x: np.ndarray, level: float, n: int | None = None) -> Interval:
     est = float(x.mean()) if x.size else float("nan")
     sd = float(x.std(ddof=1)) if x.size > 1 else float("nan")
-    return Interval(est, float("nan"), float("nan"), float("nan"), x.size if n is None else n, sd, level,
-                    f"none (n<{MIN_N})")
+    return Interval(
+        est,
+        float("nan"),
+        float("nan"),
+        float("nan"),
+        x.size if n is None else n,
+        sd,
+        level,
+        f"none (n<{MIN_N})",
+    )
 
 
 def _check_level(level: float) -> None:
     if not 0 < level < 1:
-        raise StudyError(f"confidence level {level!r} is not in (0, 1)", field="level", allowed="0 < level < 1")
+        raise StudyError(
+            f"confidence level {level!r} is not in (0, 1)", field="level", allowed="0 < level < 1"
+        )
 
 
-def mean_interval(values, level: float = 1 - ALPHA, *, n_resamples: int = N_RESAMPLES,
-                  seed: int = BOOTSTRAP_SEED) -> Interval:
+def mean_interval(
+    values, level: float = 1 - ALPHA, *, n_resamples: int = N_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> Interval:
     """Interval for the mean of one value per unit: t on n-1 df, BCa bootstrap at n >= BOOTSTRAP_MIN_N."""
     _check_level(level)
     x = np.asarray(values, dtype=float)
@@ -155,16 +167,26 @@ def welch_interval(x, y, level: float = 1 - ALPHA) -> Interval:
     x, y = x[np.isfinite(x)], y[np.isfinite(y)]
     d = float(x.mean() - y.mean()) if x.size and y.size else float("nan")
     if min(x.size, y.size) < MIN_N:
-        return Interval(d, float("nan"), float("nan"), float("nan"), min(x.size, y.size), float("nan"), level,
-                        f"none (n<{MIN_N} on a side)")
+        return Interval(
+            d,
+            float("nan"),
+            float("nan"),
+            float("nan"),
+            min(x.size, y.size),
+            float("nan"),
+            level,
+            f"none (n<{MIN_N} on a side)",
+        )
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
     scale = max(1.0, float(np.abs(x).max()), float(np.abs(y).max()))
     if same_spread(se, d, scale):  # no spread on either side: as in paired_interval, no test (p would be 0)
         if abs(d) <= SAME_SPREAD_RTOL * scale:
             return Interval(0.0, 0.0, 0.0, 1.0, min(x.size, y.size), 0.0, level, "exact (zero spread)")
-        return Interval(d, float("nan"), float("nan"), float("nan"), min(x.size, y.size), se, level, NO_SPREAD)
-    df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
+        return Interval(
+            d, float("nan"), float("nan"), float("nan"), min(x.size, y.size), se, level, NO_SPREAD
+        )
+    df = (vx + vy) ** 2 / (vx**2 / (x.size - 1) + vy**2 / (y.size - 1))
     half = stats.t.ppf(1 - (1 - level) / 2, df) * se
     p = float(2 * stats.t.sf(abs(d) / se, df))
     return Interval(d, d - half, d + half, p, min(x.size, y.size), se, level, f"Welch t on {df:.1f} df")
@@ -183,11 +205,12 @@ def _bca(x: np.ndarray, level: float, n_resamples: int, seed: int) -> Interval:
     z0 = stats.norm.ppf(np.clip((boot < m).mean(), 1 / n_resamples, 1 - 1 / n_resamples))
     jack = (x.sum() - x) / (n - 1)
     dev = jack.mean() - jack
-    a = float((dev ** 3).sum() / (6 * (dev ** 2).sum() ** 1.5))
+    a = float((dev**3).sum() / (6 * (dev**2).sum() ** 1.5))
     q = (1 - level) / 2
 
     def beta(z: float) -> float:  # the bootstrap quantile BCa reads for the normal quantile z
         return float(stats.norm.cdf(z0 + (z0 + z) / (1 - a * (z0 + z))))
+
     lo = float(np.quantile(boot, beta(stats.norm.ppf(q)), method="inverted_cdf"))
     hi = float(-np.quantile(-boot, 1 - beta(stats.norm.ppf(1 - q)), method="inverted_cdf"))
 
@@ -199,6 +222,7 @@ def _bca(x: np.ndarray, level: float, n_resamples: int, seed: int) -> Interval:
         if 1 + a * w <= 0:
             return -math.inf if w < 0 else math.inf
         return w / (1 + a * w) - z0
+
     # lower > 0 <=> P*(theta* <= 0) < beta(z_{alpha/2}); upper < 0 <=> P*(theta* >= 0) < 1 - beta(z_{1-alpha/2})
     p_lo = 2 * float(stats.norm.cdf(solve(float((boot <= 0).mean()))))
     p_hi = 2 * float(stats.norm.sf(solve(1 - float((boot >= 0).mean()))))
@@ -262,17 +286,19 @@ def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     return float(optimize.brentq(lambda e: power_paired(e, 1.0, n, alpha) - power, 0.0, hi, xtol=1e-12)) * sd
 
 
-def seeds_needed(effect: float, sd: float, alpha: float = ALPHA, power: float = POWER,
-                 max_n: int = 10_000) -> int | None:
+def seeds_needed(
+    effect: float, sd: float, alpha: float = ALPHA, power: float = POWER, max_n: int = 10_000
+) -> int | None:
     """Fewest units (>= MIN_N) for a paired t-test to detect `effect` with `power`; None beyond max_n."""
     if not (np.isfinite(effect) and effect != 0):
-        raise StudyError(f"effect {effect!r} must be a non-zero number", field="--detect",
-                         allowed="e.g. 1pp, 0.01, 0.5")
+        raise StudyError(
+            f"effect {effect!r} must be a non-zero number", field="--detect", allowed="e.g. 1pp, 0.01, 0.5"
+        )
     if not (np.isfinite(sd) and sd > 0):
         raise StudyError(f"standard deviation {sd!r} must be positive", field="--sd", allowed="a number > 0")
     if power_paired(effect, sd, max_n, alpha) < power:
         return None
-    lo, hi = MIN_N, max_n   # power rises with n: bisect for the first n that reaches it
+    lo, hi = MIN_N, max_n  # power rises with n: bisect for the first n that reaches it
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if power_paired(effect, sd, mid, alpha) >= power else (mid + 1, hi)
@@ -284,14 +310,25 @@ def parse_effect(text: str) -> tuple[float, bool]:
     s = str(text).strip().lower()
     mt = re.fullmatch(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(pp)?", s)
     if not mt:
-        raise StudyError(f"cannot read effect {text!r}", field="--detect",
-                         allowed="a number in the metric's units (0.01, 0.5) or percentage points (1pp)")
+        raise StudyError(
+            f"cannot read effect {text!r}",
+            field="--detect",
+            allowed="a number in the metric's units (0.01, 0.5) or percentage points (1pp)",
+        )
     v = float(mt.group(1))
     return (v / 100, True) if mt.group(2) else (v, False)
 
 
-def detect_plan(effect_text: str, *, sd: float | None, measured: dict | None, bounded: bool,
-                alpha: float = ALPHA, power: float = POWER, span: float = 1.0) -> dict:
+def detect_plan(
+    effect_text: str,
+    *,
+    sd: float | None,
+    measured: dict | None,
+    bounded: bool,
+    alpha: float = ALPHA,
+    power: float = POWER,
+    span: float = 1.0,
+) -> dict:
     """`study plan --detect`: pre-training seeds a paired t-test needs to detect an effect.
 
     The SD of paired differences comes from `--sd` when given, else the study's own measurement
@@ -300,11 +337,19 @@ def detect_plan(effect_text: str, *, sd: float | None, measured: dict | None, bo
     metric allows (1 for a proportion, 2 for a correlation in [-1, 1])."""
     effect, in_pp = parse_effect(effect_text)
     if in_pp and not bounded:
-        raise StudyError(f"{effect_text!r} is in percentage points but the primary metric is not a score in [0, 1]",
-                         field="--detect", allowed="a number in the metric's own units, e.g. 0.5")
-    if bounded and abs(effect) > span:  # 200pp on a proportion answered "3 seeds": no two levels differ so much
-        raise StudyError(f"{effect_text!r} is wider than the metric's whole range", field="--detect",
-                         allowed=f"a difference of at most {100 * span:g}pp ({span:g} in the metric's units), e.g. 1pp")
+        raise StudyError(
+            f"{effect_text!r} is in percentage points but the primary metric is not a score in [0, 1]",
+            field="--detect",
+            allowed="a number in the metric's own units, e.g. 0.5",
+        )
+    if (
+        bounded and abs(effect) > span
+    ):  # 200pp on a proportion answered "3 seeds": no two levels differ so much
+        raise StudyError(
+            f"{effect_text!r} is wider than the metric's whole range",
+            field="--detect",
+            allowed=f"a difference of at most {100 * span:g}pp ({span:g} in the metric's units), e.g. 1pp",
+        )
     if sd is not None:
         source, s = "--sd", float(sd)
     elif measured:
@@ -312,7 +357,16 @@ def detect_plan(effect_text: str, *, sd: float | None, measured: dict | None, bo
     elif bounded:
         source, s = "pilot default: no results yet, pass --sd to override", PILOT_SD_BOUNDED
     else:
-        raise StudyError("no measured SD yet and no pilot default for a metric outside [0, 1]", field="--sd",
-                         allowed="the SD of paired differences between pre-training seeds, in the metric's units")
-    return {"effect": abs(effect), "sd": s, "sd_source": source, "alpha": alpha, "power": power,
-            "seeds": seeds_needed(effect, s, alpha, power)}
+        raise StudyError(
+            "no measured SD yet and no pilot default for a metric outside [0, 1]",
+            field="--sd",
+            allowed="the SD of paired differences between pre-training seeds, in the metric's units",
+        )
+    return {
+        "effect": abs(effect),
+        "sd": s,
+        "sd_source": source,
+        "alpha": alpha,
+        "power": power,
+        "seeds": seeds_needed(effect, s, alpha, power),
+    }

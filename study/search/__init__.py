@@ -16,6 +16,7 @@ trial reuses a grid study's finished run and a pruned trial leaves a resumable r
 optuna is imported only inside functions: `study --help` and spec validation import this package and
 must stay fast.
 """
+
 from study.search.checks import load_search
 from study.search.trials import write_best
 from study.search.worker import run_search

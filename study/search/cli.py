@@ -1,5 +1,6 @@
 """`study search SPEC` and `study search-best SPEC` (registered on study/cli.py's parser by `add_parser`),
 and `python -m study.search ...`: the same commands without the rest of the CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,14 +20,26 @@ def _layout(args) -> Layout:
 
 
 def cmd_search(args) -> int:
-    ostudy = run_search(args.spec, storage=args.storage, n_trials=args.n_trials, timeout=args.timeout,
-                        layout=_layout(args), profile=args.profile, quiet=args.quiet)
-    from optuna.trial import TrialState  # optuna is loaded by now; importing it at the top would slow `--help`
+    ostudy = run_search(
+        args.spec,
+        storage=args.storage,
+        n_trials=args.n_trials,
+        timeout=args.timeout,
+        layout=_layout(args),
+        profile=args.profile,
+        quiet=args.quiet,
+    )
+    from optuna.trial import (
+        TrialState,
+    )  # optuna is loaded by now; importing it at the top would slow `--help`
+
     done = [t for t in ostudy.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if done:
         b = ostudy.best_trial
-        print(f"search {ostudy.study_name}: {len(done)} complete trials; best #{b.number} value={b.value:.6g} "
-              f"params={json.dumps(b.params, sort_keys=True)} run={b.user_attrs.get('run_hash')}")
+        print(
+            f"search {ostudy.study_name}: {len(done)} complete trials; best #{b.number} value={b.value:.6g} "
+            f"params={json.dumps(b.params, sort_keys=True)} run={b.user_attrs.get('run_hash')}"
+        )
     else:
         print(f"search {ostudy.study_name}: no complete trial yet")
     return 0
@@ -40,13 +53,21 @@ def cmd_search_best(args) -> int:
 
 def add_parser(sub) -> None:
     """Register `study search` and `study search-best` on the CLI's subparsers."""
-    s = sub.add_parser("search", help="optuna search over the spec's `search:` block (one worker)",
-                       description="Run one search worker; start several (any machines) with the same --storage.")
+    s = sub.add_parser(
+        "search",
+        help="optuna search over the spec's `search:` block (one worker)",
+        description="Run one search worker; start several (any machines) with the same --storage.",
+    )
     s.add_argument("spec", help="a spec with a `search:` block")
     s.add_argument("--profile", help="a profile defined in the spec")
-    s.add_argument("--storage", help=f"optuna storage URL (default: SQLite under results/search/<name>/): {STORAGE_HELP}")
-    s.add_argument("--n-trials", type=int,
-                   help="finished trials the study stops at, once no trial still runs (default: search.n_trials)")
+    s.add_argument(
+        "--storage", help=f"optuna storage URL (default: SQLite under results/search/<name>/): {STORAGE_HELP}"
+    )
+    s.add_argument(
+        "--n-trials",
+        type=int,
+        help="finished trials the study stops at, once no trial still runs (default: search.n_trials)",
+    )
     s.add_argument("--timeout", type=float, help="seconds this worker runs at most (default: search.timeout)")
     s.add_argument("--quiet", action="store_true", help="no progress bars or per-trial log")
     s.set_defaults(fn=cmd_search)

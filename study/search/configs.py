@@ -3,6 +3,7 @@
 A trial is built by study/studies/spec.py's `build_run_config`, the very construction `load_study` uses
 for a planned run, so a trial with a grid run's values hashes to that run and reuses its folder.
 """
+
 from __future__ import annotations
 
 import copy
@@ -93,6 +94,8 @@ def search_fingerprint(study: Study, search: SearchSpec) -> dict[str, str]:
             node = node.get(part, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
             node.pop(leaf, None)
-    return {"search.params": hash_obj({k: p.model_dump(mode="json") for k, p in sorted(search.params.items())}),
-            "search.seeds": hash_obj(list(search.seeds)),
-            "defaults": hash_obj(rest)}
+    return {
+        "search.params": hash_obj({k: p.model_dump(mode="json") for k, p in sorted(search.params.items())}),
+        "search.seeds": hash_obj(list(search.seeds)),
+        "defaults": hash_obj(rest),
+    }

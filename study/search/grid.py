@@ -6,6 +6,7 @@ other creates a new trial), or two stale-trial retries of the same dead trial (S
 before it locks, so two workers can both fail it). Both would train or reuse the same run and the
 point would be counted twice; the later one stands aside (GridPointTaken), marked `duplicate_of`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,7 +24,10 @@ def grid_point_holder(trial) -> int | None:
     running ones - an order every worker sees the same way, so exactly one of two racing trials goes
     on, and one whose holder dies gets the holder's retry.
     """
-    from optuna.trial import TrialState  # optuna only once a search runs (this package is imported by the CLI)
+    from optuna.trial import (
+        TrialState,
+    )  # optuna only once a search runs (this package is imported by the CLI)
+
     storage, study_id = trial.study._storage, trial.study._study_id
     me = storage.get_trial(trial._trial_id)
     point = me.system_attrs.get("grid_id")
@@ -32,8 +36,10 @@ def grid_point_holder(trial) -> int | None:
 
     def key(t):  # the order every worker sees the same way (worker clocks must agree, as for heartbeats)
         return (t.datetime_start or datetime.max, t.number)
-    for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                                       TrialState.RUNNING)):
+
+    for t in storage.get_all_trials(
+        study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    ):
         if t.number == me.number or t.system_attrs.get("grid_id") != point:
             continue
         if t.state != TrialState.RUNNING or key(t) < key(me):

@@ -6,6 +6,7 @@ study would use. A config that already has a finished run is reused (its eval cu
 pruner); a pruned trial leaves a resumable folder (no status.json) that a later trial or `study run`
 continues. Run folders are read through study/rundir.py's RunDir, with its error policy.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,17 +54,20 @@ class Objective:
     search: SearchSpec
     layout: Layout
     quiet: bool = True
-    train_fn: Callable | None = None      # default study.pretrain.trainer.train_run
-    finetune_fn: Callable | None = None   # default study.downstream.finetune.finetune_run
+    train_fn: Callable | None = None  # default study.pretrain.trainer.train_run
+    finetune_fn: Callable | None = None  # default study.downstream.finetune.finetune_run
 
     def __call__(self, trial) -> float:
         import optuna  # only once a search runs: this package is imported by the CLI
+
         if self.search.sampler.kind == "grid":
             holder = grid_point_holder(trial)
             if holder is not None:
                 trial.set_user_attr("duplicate_of", holder)
-                raise GridPointTaken(f"grid point already held by trial {holder}; this duplicate (racing workers "
-                                     f"both started one) stands aside and is not counted")
+                raise GridPointTaken(
+                    f"grid point already held by trial {holder}; this duplicate (racing workers "
+                    f"both started one) stands aside and is not counted"
+                )
         params = {}
         for key, p in self.search.params.items():
             params[key] = self._suggest(trial, key, p)
@@ -104,6 +108,7 @@ class Objective:
     def _pretrain(self, trial, cfg: RunConfig, report_curve: bool) -> tuple[dict, bool]:
         """Train (or resume, or reuse) one run; returns (metrics.json, reused)."""
         import optuna
+
         h = cfg.run_hash()
         run = RunDir(self.layout, h)
         # Two trials (two workers) may draw the same config: one trains, the other waits and reuses.
@@ -149,7 +154,9 @@ class Objective:
             status = run.status()
             if not status.done:
                 trial.set_user_attr("status", status.status)
-                raise TrialFailed(f"run {h} ended {status.status}" + (f": {status.error}" if status.error else ""))
+                raise TrialFailed(
+                    f"run {h} ended {status.status}" + (f": {status.error}" if status.error else "")
+                )
             metrics = run.metrics()
             end_tokens = int(metrics.get("tokens_seen") or 0)
             self._tokens += max(0, end_tokens - (start[0] if start else session_start_tokens(run)))
@@ -158,7 +165,7 @@ class Objective:
             return metrics, False
 
     def _record_tokens(self, trial, reused: bool) -> None:
-        trial.set_user_attr("tokens", self._tokens)          # trained by this trial
+        trial.set_user_attr("tokens", self._tokens)  # trained by this trial
         trial.set_user_attr("tokens_total", self._tokens_total)  # seen by its runs, reused or not
         trial.set_user_attr("reused", reused)
 
@@ -204,7 +211,9 @@ class Objective:
         if fn is None:
             from study.downstream.finetune import finetune_run as fn  # torch: only for a downstream objective
         h, fh = cfg.run_hash(), cfg.finetune_hash()
-        fn(cfg, self.layout, quiet=self.quiet)  # locks per (run, task) itself: two workers never duplicate work
+        fn(
+            cfg, self.layout, quiet=self.quiet
+        )  # locks per (run, task) itself: two workers never duplicate work
         out = {}
         for metric, (task, mode, name) in parsed.items():
             vals = []
@@ -214,8 +223,10 @@ class Objective:
                     raise TrialFailed(f"fine-tuning wrote no {path}")
                 rec = read_json(path)
                 if "skipped" in rec or "diverged" in rec:
-                    raise TrialFailed(f"{task} {'skipped' if 'skipped' in rec else 'diverged'}: "
-                                      f"{rec.get('skipped') or rec.get('diverged')}")
+                    raise TrialFailed(
+                        f"{task} {'skipped' if 'skipped' in rec else 'diverged'}: "
+                        f"{rec.get('skipped') or rec.get('diverged')}"
+                    )
                 vals.append(float(rec["metrics"][name]))
             out[metric] = float(np.mean(vals))
         return out

@@ -2,6 +2,7 @@
 
 optuna is imported inside the functions: this package is imported by `study --help`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +14,7 @@ from study.studies.searchspec import SearchSpec
 
 def make_sampler(search: SearchSpec):
     import optuna
+
     s = search.sampler
     if s.kind == "grid":
         space = {k: grid_values(p) for k, p in search.params.items()}
@@ -21,7 +23,9 @@ def make_sampler(search: SearchSpec):
         sampler = optuna.samplers.RandomSampler(seed=s.seed)
     else:
         # constant_liar: running trials count as bad guesses, so parallel workers spread out.
-        sampler = optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.n_startup_trials, constant_liar=True)
+        sampler = optuna.samplers.TPESampler(
+            seed=s.seed, n_startup_trials=s.n_startup_trials, constant_liar=True
+        )
     return _seed_per_trial(sampler, s.seed)
 
 
@@ -50,13 +54,19 @@ def make_pruner(search: SearchSpec, base: RunConfig):
     """median/hyperband prune on the trainer's eval curve (`base` sizes hyperband's resource);
     wilcoxon prunes across pre-training seeds."""
     import optuna
+
     p = search.pruner
     if p.kind == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps)
+        return optuna.pruners.MedianPruner(
+            n_startup_trials=p.n_startup_trials, n_warmup_steps=p.n_warmup_steps
+        )
     if p.kind == "hyperband":
         max_resource: int | str = int(base.train.amount) if base.train.budget == "steps" else "auto"
-        return optuna.pruners.HyperbandPruner(min_resource=max(1, base.impl.eval_every), max_resource=max_resource,
-                                              reduction_factor=p.reduction_factor)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=max(1, base.impl.eval_every),
+            max_resource=max_resource,
+            reduction_factor=p.reduction_factor,
+        )
     if p.kind == "wilcoxon":
         return optuna.pruners.WilcoxonPruner(p_threshold=p.p_threshold, n_startup_steps=p.n_startup_steps)
     return optuna.pruners.NopPruner()

@@ -8,6 +8,7 @@ with the password of its URL redacted.
 optuna and sqlalchemy are imported inside the functions: `study --help` and spec validation must
 stay fast, and they import this module.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +21,7 @@ from study.errors import StudyError
 from study.io import file_lock
 from study.studies.searchspec import SearchSpec
 
-HEARTBEAT_ATTR = "study:heartbeat"   # journal storage: unix time of the trial's last heartbeat
+HEARTBEAT_ATTR = "study:heartbeat"  # journal storage: unix time of the trial's last heartbeat
 STORAGE_HELP = "sqlite:///path.db, postgresql://user@host/db, journal:///path/to/file.log"
 
 
@@ -54,7 +55,10 @@ def heartbeat_journal_class():
                 # a retry is created with its dead trial's system attrs, heartbeat included: a beat from
                 # before this trial started is not this trial's (the retry would look dead the moment it
                 # starts, and be failed again before its first beat). No beat yet: its start time.
-                beats = [t.system_attrs.get(HEARTBEAT_ATTR), t.datetime_start and t.datetime_start.timestamp()]
+                beats = [
+                    t.system_attrs.get(HEARTBEAT_ATTR),
+                    t.datetime_start and t.datetime_start.timestamp(),
+                ]
                 last = max((b for b in beats if b is not None), default=None)
                 if last is not None and now - last > self._grace:
                     stale.append(t._trial_id)
@@ -73,6 +77,7 @@ def redact(url: str) -> str:
     """The URL with its password hidden, for a message."""
     try:
         from sqlalchemy.engine import make_url  # optuna's dependency; imported with it, only when needed
+
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - only for a message
         return url
@@ -85,6 +90,7 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path, create:
     StudyError, and nothing is written (opening it would create an empty storage, and the init lock)."""
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
+
     if url is None:
         if create:
             default_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +99,9 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path, create:
         _must_exist(url)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeats and their retry callback are 'experimental' in optuna
-        callback = RetryHeartbeatStaleTrialCallback(max_retry=search.max_retry, inherit_intermediate_values=False)
+        callback = RetryHeartbeatStaleTrialCallback(
+            max_retry=search.max_retry, inherit_intermediate_values=False
+        )
         if url.startswith("journal:"):
             return _open_journal(_journal_path(url), search, callback)
         if "://" not in url:
@@ -112,19 +120,24 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path, create:
                 # the retry covers several.
                 with file_lock(lock) if url.startswith("sqlite") and create else contextlib.nullcontext():
                     return optuna.storages.RDBStorage(
-                        url, engine_kwargs=engine_kwargs, heartbeat_interval=search.heartbeat_interval,
-                        grace_period=search.grace, heartbeat_stale_trial_callback=callback)
+                        url,
+                        engine_kwargs=engine_kwargs,
+                        heartbeat_interval=search.heartbeat_interval,
+                        grace_period=search.grace,
+                        heartbeat_stale_trial_callback=callback,
+                    )
             except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors become one clear line
                 last = exc
                 if _unreachable(exc):
                     break
                 time.sleep(0.5 * (attempt + 1))
-        raise StudyError(f"can't open storage {redact(url)}: {one_line(last)}", field="--storage",
-                         allowed=STORAGE_HELP)
+        raise StudyError(
+            f"can't open storage {redact(url)}: {one_line(last)}", field="--storage", allowed=STORAGE_HELP
+        )
 
 
 def _journal_path(url: str) -> Path:
-    return Path(url[len("journal:"):].removeprefix("//"))
+    return Path(url[len("journal:") :].removeprefix("//"))
 
 
 def _must_exist(url: str) -> None:
@@ -135,14 +148,18 @@ def _must_exist(url: str) -> None:
         path = _journal_path(url)
     elif url.startswith("sqlite"):
         from sqlalchemy.engine import make_url  # optuna's dependency; imported with it, only when needed
+
         try:
             db = make_url(url).database
         except Exception:  # noqa: BLE001 - a malformed URL is refused when opened, with its own message
             return
         path = Path(db) if db and db != ":memory:" else None
     if path is not None and not path.is_file():
-        raise StudyError(f"no search storage at {path}; run `study search` first", field="--storage",
-                         allowed="the --storage URL the search used, or the default after a `study search`")
+        raise StudyError(
+            f"no search storage at {path}; run `study search` first",
+            field="--storage",
+            allowed="the --storage URL the search used, or the default after a `study search`",
+        )
 
 
 def check_fingerprint(ostudy, want: dict[str, str]) -> None:
@@ -154,16 +171,22 @@ def check_fingerprint(ostudy, want: dict[str, str]) -> None:
         return
     changed = [k for k in want if have.get(k) != want[k]]
     if changed:
-        raise StudyError(f"the storage's search '{ostudy.study_name}' ran its trials with another "
-                         f"{', '.join(changed)} than this spec now has: its trials and best value belong to "
-                         "that search", field=changed[0],
-                         allowed="the same space and settings, or another --storage")
+        raise StudyError(
+            f"the storage's search '{ostudy.study_name}' ran its trials with another "
+            f"{', '.join(changed)} than this spec now has: its trials and best value belong to "
+            "that search",
+            field=changed[0],
+            allowed="the same space and settings, or another --storage",
+        )
 
 
 def _open_journal(path: Path, search: SearchSpec, callback):
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
     if not path.parent.is_dir():
-        raise StudyError(f"journal folder {path.parent} does not exist", field="--storage", allowed=STORAGE_HELP)
+        raise StudyError(
+            f"journal folder {path.parent} does not exist", field="--storage", allowed=STORAGE_HELP
+        )
     # A worker killed while it holds the journal's lock file leaves it behind, and the others can't
     # write heartbeats until they break it (optuna waits 30 s by default). Break it well inside the
     # heartbeat grace (stall + one heartbeat interval < grace), or every live trial looks dead the
@@ -171,17 +194,33 @@ def _open_journal(path: Path, search: SearchSpec, callback):
     lock_grace = max(1, (search.grace - search.heartbeat_interval) // 2)
     lock = JournalFileSymlinkLock(str(path), grace_period=lock_grace)
     try:
-        return heartbeat_journal_class()(JournalFileBackend(str(path), lock_obj=lock), search.heartbeat_interval,
-                                         search.grace, callback)
+        return heartbeat_journal_class()(
+            JournalFileBackend(str(path), lock_obj=lock), search.heartbeat_interval, search.grace, callback
+        )
     except (OSError, ValueError) as exc:
-        raise StudyError(f"can't open journal {path}: {exc}", field="--storage", allowed=STORAGE_HELP) from None
+        raise StudyError(
+            f"can't open journal {path}: {exc}", field="--storage", allowed=STORAGE_HELP
+        ) from None
 
 
 def _unreachable(exc: Exception) -> bool:
     text = one_line(exc).lower()
-    return any(s in text for s in ("refused", "could not translate", "timeout", "timed out", "no such module",
-                                   "could not parse", "unable to open", "does not exist", "authentication",
-                                   "can't load plugin", "name or service"))
+    return any(
+        s in text
+        for s in (
+            "refused",
+            "could not translate",
+            "timeout",
+            "timed out",
+            "no such module",
+            "could not parse",
+            "unable to open",
+            "does not exist",
+            "authentication",
+            "can't load plugin",
+            "name or service",
+        )
+    )
 
 
 def one_line(exc: Exception | None) -> str:

@@ -5,6 +5,7 @@ results/search/<name>/trials.csv has one row per trial, with the columns study/m
 report reads it with the same names. `study search-best` writes a self-contained spec that re-trains the
 best trial's configuration with `search.best_seeds`, and best.json: the best trial with what produced it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,18 +34,26 @@ def trials_rows(ostudy) -> list[dict]:
     for t in ostudy.get_trials(deepcopy=False):
         ua = t.user_attrs
         params = tidy_params(t.params)
-        rows.append({
-            "number": t.number, "state": t.state.name, "value": t.value,
-            "params": json.dumps(params, sort_keys=True), "run_hash": ua.get("run_hash"),
-            "tokens": ua.get("tokens"), "tokens_total": ua.get("tokens_total"), "reused": ua.get("reused"),
-            "retry_of": t.system_attrs.get("failed_trial"), "duplicate_of": ua.get("duplicate_of"),
-            "worker": ua.get("worker"),
-            "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
-            "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
-            "run_hashes": json.dumps(ua["run_hashes"]) if "run_hashes" in ua else None,
-            "commit": ua.get("commit"),
-            **{param_column(k): v for k, v in params.items()},
-        })
+        rows.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "params": json.dumps(params, sort_keys=True),
+                "run_hash": ua.get("run_hash"),
+                "tokens": ua.get("tokens"),
+                "tokens_total": ua.get("tokens_total"),
+                "reused": ua.get("reused"),
+                "retry_of": t.system_attrs.get("failed_trial"),
+                "duplicate_of": ua.get("duplicate_of"),
+                "worker": ua.get("worker"),
+                "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
+                "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
+                "run_hashes": json.dumps(ua["run_hashes"]) if "run_hashes" in ua else None,
+                "commit": ua.get("commit"),
+                **{param_column(k): v for k, v in params.items()},
+            }
+        )
     return rows
 
 
@@ -68,13 +77,18 @@ def best_spec(study: Study, search: SearchSpec, ostudy) -> dict:
         raise StudyError(f"search '{study.name}' has no complete trial yet", field="search") from None
     settings = best.user_attrs.get("settings") or resolve_settings(best.params, study.defaults)
     objective = search.objective if isinstance(search.objective, str) else "ref_ppl"
-    what = search.objective if isinstance(search.objective, str) else \
-        " + ".join(f"{w:g}*{m}" for m, w in search.terms.items())
+    what = (
+        search.objective
+        if isinstance(search.objective, str)
+        else " + ".join(f"{w:g}*{m}" for m, w in search.terms.items())
+    )
     return {
         "name": f"{study.name}-best",
-        "question": (f"Re-train the best configuration of search '{study.name}' (trial {best.number}: "
-                     f"{what} = {best.value:.6g}, {search.resolved_direction}d) "
-                     f"with {len(search.best_seeds)} seeds."),
+        "question": (
+            f"Re-train the best configuration of search '{study.name}' (trial {best.number}: "
+            f"{what} = {best.value:.6g}, {search.resolved_direction}d) "
+            f"with {len(search.best_seeds)} seeds."
+        ),
         # Resolved defaults (base chain and profile folded in) so the file stands alone.
         "defaults": copy.deepcopy(study.defaults),
         "runs": [{"label": "best", "set": settings}],
@@ -83,33 +97,54 @@ def best_spec(study: Study, search: SearchSpec, ostudy) -> dict:
     }
 
 
-def write_best(spec: str | Path, out: str | Path | None = None, *, storage: str | None = None,
-               layout: Layout = Layout(), profile: str | None = None) -> Path:
+def write_best(
+    spec: str | Path,
+    out: str | Path | None = None,
+    *,
+    storage: str | None = None,
+    layout: Layout = Layout(),
+    profile: str | None = None,
+) -> Path:
     """`study search-best`: the best trial as a spec (default <spec folder>/<name>-best.yaml), plus
     trials.csv and best.json under results/search/<name>/."""
     import optuna  # only once a search is read: this package is imported by the CLI
     from study.provenance import provenance  # hardware imports torch: only once there is a best to write
+
     study, search = load_search(spec, profile=profile)
     out = Path(out) if out else Path(spec).parent / f"{study.name}-best.yaml"
-    store = open_storage(storage, search, layout.search_dir(study.name), create=False)  # none there: StudyError
+    store = open_storage(
+        storage, search, layout.search_dir(study.name), create=False
+    )  # none there: StudyError
     try:
         ostudy = optuna.load_study(study_name=study.name, storage=store)
     except KeyError:
-        raise StudyError(f"no search '{study.name}' in this storage; run `study search {spec}` first",
-                         field="--storage", allowed="the --storage URL the search used") from None
+        raise StudyError(
+            f"no search '{study.name}' in this storage; run `study search {spec}` first",
+            field="--storage",
+            allowed="the --storage URL the search used",
+        ) from None
     # trials of another space or other settings: their best is not this spec's (a value outside its range)
     check_fingerprint(ostudy, search_fingerprint(study, search))
     doc = best_spec(study, search, ostudy)
-    text = (f"# Written by `study search-best {spec}` from optuna study '{study.name}'.\n"
-            + yaml.safe_dump(doc, sort_keys=False))
+    text = f"# Written by `study search-best {spec}` from optuna study '{study.name}'.\n" + yaml.safe_dump(
+        doc, sort_keys=False
+    )
     with tempfile.TemporaryDirectory() as tmp:  # a valid spec before anything is written
         (Path(tmp) / out.name).write_text(text)
         load_study(Path(tmp) / out.name)  # raises StudyError naming the field if not
     best = ostudy.best_trial
-    info = {"number": best.number, "value": best.value, "params": best.params,
-            "run_hash": best.user_attrs.get("run_hash"), "run_hashes": best.user_attrs.get("run_hashes"),
-            "spec": str(out), "search_spec": str(spec), "profile": profile, "seeds": list(search.seeds),
-            "provenance": provenance()}
+    info = {
+        "number": best.number,
+        "value": best.value,
+        "params": best.params,
+        "run_hash": best.user_attrs.get("run_hash"),
+        "run_hashes": best.user_attrs.get("run_hashes"),
+        "spec": str(out),
+        "search_spec": str(spec),
+        "profile": profile,
+        "seeds": list(search.seeds),
+        "provenance": provenance(),
+    }
     atomic_write_text(out, text)
     export_trials(ostudy, layout.search_dir(study.name) / "trials.csv")
     atomic_write_json(layout.search_dir(study.name) / "best.json", info)

@@ -9,6 +9,7 @@ and the DVC pipeline that reproduces them (`study sync`).
 
 Entry points load on first use (study/lazy.py).
 """
+
 from study.lazy import exports
 
 __all__ = ["load_study"]

@@ -5,6 +5,7 @@ may not set (a fingerprint, a seed outside `seeds:`), finite numbers in the `sea
 checks (on the built runs): factors that cannot change a run, one fine-tuning recipe, report hints.
 Each raises a StudyError naming the file, the dotted field and what is allowed.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -34,9 +35,18 @@ RESOLVED_KEYS = ("corpus.fingerprint",)
 def reject_resolved_keys(spec: SpecFile, source: str) -> None:
     """A fingerprint written by hand would name data the files may not hold: refuse it wherever a spec
     can set a key (defaults, profiles, factors, runs, search parameters)."""
-    where: list[tuple[str, dict]] = [("defaults.", {f"{sec}.{k}": v for sec, d in spec.defaults.items()
-                                                     if isinstance(d, dict) for k, v in d.items()}),
-                                     ("factors.", spec.factors)]
+    where: list[tuple[str, dict]] = [
+        (
+            "defaults.",
+            {
+                f"{sec}.{k}": v
+                for sec, d in spec.defaults.items()
+                if isinstance(d, dict)
+                for k, v in d.items()
+            },
+        ),
+        ("factors.", spec.factors),
+    ]
     where += [(f"profiles.{name}.", keys) for name, keys in spec.profiles.items()]
     where += [(f"runs[{i}].set.", run.set) for i, run in enumerate(spec.runs)]
     if spec.search is not None:
@@ -44,21 +54,32 @@ def reject_resolved_keys(spec: SpecFile, source: str) -> None:
     for prefix, keys in where:
         for key in RESOLVED_KEYS:
             if key in keys:
-                raise StudyError("is computed from the corpus files when the runs are built, never written in a "
-                                 "spec", field=prefix + key, source=source,
-                                 allowed="corpus.sources and the other corpus keys; remove this one")
+                raise StudyError(
+                    "is computed from the corpus files when the runs are built, never written in a spec",
+                    field=prefix + key,
+                    source=source,
+                    allowed="corpus.sources and the other corpus keys; remove this one",
+                )
 
 
 def check_names(spec: SpecFile, source: str) -> None:
     """`name` and every profile key name folders (results/studies/<name>-<profile>) and go into dvc.yaml's
     commands: one safe path component each, never `.` or `..` (which would write outside the roots)."""
     if not safe_name(spec.name):
-        raise StudyError(f"{short(spec.name, 60)} is not a usable study name", field="name", source=source,
-                         allowed=SAFE_NAME_ALLOWED)
+        raise StudyError(
+            f"{short(spec.name, 60)} is not a usable study name",
+            field="name",
+            source=source,
+            allowed=SAFE_NAME_ALLOWED,
+        )
     for key in spec.profiles:
         if not safe_name(key):
-            raise StudyError(f"{short(key, 60)} is not a usable profile name", field=f"profiles.{clip(str(key))}",
-                             source=source, allowed=SAFE_NAME_ALLOWED)
+            raise StudyError(
+                f"{short(key, 60)} is not a usable profile name",
+                field=f"profiles.{clip(str(key))}",
+                source=source,
+                allowed=SAFE_NAME_ALLOWED,
+            )
 
 
 SEEDS_ONLY = "the spec's `seeds:` list"
@@ -72,8 +93,12 @@ def reject_seed_keys(spec: SpecFile, source: str) -> None:
     where += [(f"runs[{i}].set.seed", run.set) for i, run in enumerate(spec.runs)]
     for field, keys in where:
         if "seed" in keys:
-            raise StudyError("use `seeds:` for pre-training seeds: every run's seed comes from there",
-                             field=field, source=source, allowed=SEEDS_ONLY)
+            raise StudyError(
+                "use `seeds:` for pre-training seeds: every run's seed comes from there",
+                field=field,
+                source=source,
+                allowed=SEEDS_ONLY,
+            )
 
 
 def check_finite_search(spec: SpecFile, source: str) -> None:
@@ -85,7 +110,9 @@ def check_finite_search(spec: SpecFile, source: str) -> None:
     def walk(value: Any, field: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise StudyError(f"got {value}", field=field, source=source, allowed="a finite number")
-        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        items = (
+            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        )
         for k, v in items:
             walk(v, f"{field}[{k}]" if isinstance(k, int) else f"{field}.{clip(str(k))}")
 
@@ -95,15 +122,23 @@ def check_finite_search(spec: SpecFile, source: str) -> None:
 def same_level(a: Any, b: Any) -> bool:
     """Level equality across the YAML -> JSON -> CSV round trip: 2 == 2.0, but 'nsp' != 'none'."""
     numeric = (int, float)
-    if isinstance(a, numeric) and isinstance(b, numeric) and not isinstance(a, bool) and not isinstance(b, bool):
+    if (
+        isinstance(a, numeric)
+        and isinstance(b, numeric)
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return float(a) == float(b)
     return type(a) is type(b) and a == b
 
 
 # A factor key that changes nothing unless another setting has one of these values: varying it elsewhere
 # trains identical models under different run hashes and compares noise with itself.
-INERT_UNLESS = {"masking.span_p": ("masking.unit", ("span",)), "masking.span_max": ("masking.unit", ("span",)),
-                "objective.short_seq_prob": ("objective.format", ("segment_pair",))}  # instances.target_len
+INERT_UNLESS = {
+    "masking.span_p": ("masking.unit", ("span",)),
+    "masking.span_max": ("masking.unit", ("span",)),
+    "objective.short_seq_prob": ("objective.format", ("segment_pair",)),
+}  # instances.target_len
 
 
 def check_inert_factors(study: Study) -> None:
@@ -116,10 +151,14 @@ def check_inert_factors(study: Study) -> None:
             section, name = gov.split(".")
             have = getattr(getattr(run.config, section), name)
             if have not in live:
-                raise StudyError(f"has no effect in run '{short(run.label, 60)}': its {gov} is {have}, so the "
-                                 f"runs that differ only here would be the same model", field=key,
-                                 source=str(study.path), allowed=f"{gov}: {' or '.join(live)} in the runs that "
-                                                                  f"set it, or drop {key} from the factors")
+                raise StudyError(
+                    f"has no effect in run '{short(run.label, 60)}': its {gov} is {have}, so the "
+                    f"runs that differ only here would be the same model",
+                    field=key,
+                    source=str(study.path),
+                    allowed=f"{gov}: {' or '.join(live)} in the runs that "
+                    f"set it, or drop {key} from the factors",
+                )
 
 
 def check_one_finetune_recipe(first: PlannedRun, run: PlannedRun, source: str) -> None:
@@ -129,13 +168,22 @@ def check_one_finetune_recipe(first: PlannedRun, run: PlannedRun, source: str) -
     if first.config.finetune_hash() == run.config.finetune_hash():
         return
     fa, fb = first.config.finetune, run.config.finetune
-    key = next((k for k in type(fa).model_fields
-                if k not in ("seeds", "tasks", "glue_dir") and getattr(fa, k) != getattr(fb, k)), "recipe")
-    raise StudyError(f"runs '{clip(first.label)}' ({short(getattr(fa, key, '...'), 40)}) and '{clip(run.label)}' "
-                     f"({short(getattr(fb, key, '...'), 40)}) differ here: every run of a study is fine-tuned with one "
-                     f"recipe (one finetune_hash), so the report would drop the other runs' fine-tune results",
-                     field=f"finetune.{key}", source=source,
-                     allowed="one value for every run (set it in defaults); vary it across specs")
+    key = next(
+        (
+            k
+            for k in type(fa).model_fields
+            if k not in ("seeds", "tasks", "glue_dir") and getattr(fa, k) != getattr(fb, k)
+        ),
+        "recipe",
+    )
+    raise StudyError(
+        f"runs '{clip(first.label)}' ({short(getattr(fa, key, '...'), 40)}) and '{clip(run.label)}' "
+        f"({short(getattr(fb, key, '...'), 40)}) differ here: every run of a study is fine-tuned with one "
+        f"recipe (one finetune_hash), so the report would drop the other runs' fine-tune results",
+        field=f"finetune.{key}",
+        source=source,
+        allowed="one value for every run (set it in defaults); vary it across specs",
+    )
 
 
 def check_report_hints(study: Study) -> None:
@@ -158,8 +206,12 @@ def check_report_hints(study: Study) -> None:
     for name in ("x", "hue"):
         value = getattr(hints, name)
         if value is not None and value not in columns + searched:
-            raise StudyError(f"'{short(value, 60)}' is not a factor of this study{suggest(value, columns + searched)}",
-                             field=f"report.{name}", source=source, allowed=", ".join(columns + searched))
+            raise StudyError(
+                f"'{short(value, 60)}' is not a factor of this study{suggest(value, columns + searched)}",
+                field=f"report.{name}",
+                source=source,
+                allowed=", ".join(columns + searched),
+            )
     if hints.compare is not None:
         _check_compare(hints.compare, levels, columns, source)
     tasks: dict[str, tuple[str, ...]] = {}
@@ -167,35 +219,63 @@ def check_report_hints(study: Study) -> None:
         tasks.update({t: get_task(t).metrics for t in run.config.finetune.tasks})
     metric = parse_metric(hints.primary_metric, field="report.primary_metric", source=source, tasks=tasks)
     if metric.name == "sentence_acc" and all(r.config.objective.sentence == "none" for r in study.runs):
-        raise StudyError("no run has a sentence task (objective.sentence is none everywhere)",
-                         field="report.primary_metric", source=source,
-                         allowed="ref_ppl, ref_mlm_loss, ref_mlm_acc or a downstream TASK/MODE/METRIC")
+        raise StudyError(
+            "no run has a sentence task (objective.sentence is none everywhere)",
+            field="report.primary_metric",
+            source=source,
+            allowed="ref_ppl, ref_mlm_loss, ref_mlm_acc or a downstream TASK/MODE/METRIC",
+        )
     if metric.mode == "probe" and not any(r.config.finetune.probe for r in study.runs):
-        raise StudyError(f"'{hints.primary_metric}' is a probe score but finetune.probe is false in every run",
-                         field="report.primary_metric", source=source,
-                         allowed=f"{metric.task}/finetune/{metric.name}, or set finetune.probe: true")
+        raise StudyError(
+            f"'{hints.primary_metric}' is a probe score but finetune.probe is false in every run",
+            field="report.primary_metric",
+            source=source,
+            allowed=f"{metric.task}/finetune/{metric.name}, or set finetune.probe: true",
+        )
 
 
-def _check_compare(compare: dict[str, Any], levels: dict[str, list[Any]], columns: list[str], source: str) -> None:
+def _check_compare(
+    compare: dict[str, Any], levels: dict[str, list[Any]], columns: list[str], source: str
+) -> None:
     for key in compare:
         if key not in ("factor", "a", "b"):
-            raise StudyError(f"unknown key{suggest(str(key), ['factor', 'a', 'b'])}",
-                             field=f"report.compare.{clip(str(key))}", source=source, allowed="factor, a, b")
+            raise StudyError(
+                f"unknown key{suggest(str(key), ['factor', 'a', 'b'])}",
+                field=f"report.compare.{clip(str(key))}",
+                source=source,
+                allowed="factor, a, b",
+            )
     for key in ("factor", "a", "b"):
         if key not in compare:
-            raise StudyError("missing: compare needs a factor and two of its levels", field=f"report.compare.{key}",
-                             source=source, allowed="{factor: KEY, a: LEVEL, b: LEVEL}")
+            raise StudyError(
+                "missing: compare needs a factor and two of its levels",
+                field=f"report.compare.{key}",
+                source=source,
+                allowed="{factor: KEY, a: LEVEL, b: LEVEL}",
+            )
     factor = compare["factor"]
     if not isinstance(factor, str) or factor not in columns:
-        raise StudyError(f"{short(factor, 60)} is not a factor of this study{suggest(str(factor), columns)}",
-                         field="report.compare.factor", source=source, allowed=", ".join(columns))
-    shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (" ..." if len(levels[factor]) > 20 else "")
+        raise StudyError(
+            f"{short(factor, 60)} is not a factor of this study{suggest(str(factor), columns)}",
+            field="report.compare.factor",
+            source=source,
+            allowed=", ".join(columns),
+        )
+    shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (
+        " ..." if len(levels[factor]) > 20 else ""
+    )
     for key in ("a", "b"):
         if not any(same_level(compare[key], v) for v in levels[factor]):
-            raise StudyError(f"{short(compare[key], 60)} is not a level of {factor}", field=f"report.compare.{key}",
-                             source=source, allowed=shown)
+            raise StudyError(
+                f"{short(compare[key], 60)} is not a level of {factor}",
+                field=f"report.compare.{key}",
+                source=source,
+                allowed=shown,
+            )
     if same_level(compare["a"], compare["b"]):
-        raise StudyError("a and b are the same level: the paired difference would be zero by construction",
-                         field="report.compare.b", source=source, allowed=f"a level of {factor} other than a")
-
-
+        raise StudyError(
+            "a and b are the same level: the paired difference would be zero by construction",
+            field="report.compare.b",
+            source=source,
+            allowed=f"a level of {factor} other than a",
+        )

@@ -17,6 +17,7 @@ Both timings run the training code itself, not a copy of it: pre-training's mode
 `study.pretrain.step.pretrain_step`, fine-tuning's classifier, optimizer and `finetune_step`, on the
 device and precision `study.runtime` resolves for the run, so a plan cannot drift from training.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,15 +34,19 @@ from study.errors import StudyError
 # `study plan --no-time` (tokens and parameters only) must not pay for importing them.
 
 _STEP_TIMES: dict[tuple, float] = {}  # one measurement per model shape and batch per process
-TOKENS_PER_WORD = 1.5                 # used only when the run's tokenizer does not exist yet
-_LENGTHS: dict[tuple, tuple] = {}     # task row lengths per (task, caps, tokenizer) per process
+TOKENS_PER_WORD = 1.5  # used only when the run's tokenizer does not exist yet
+_LENGTHS: dict[tuple, tuple] = {}  # task row lengths per (task, caps, tokenizer) per process
 
 
 def _phases(cfg: RunConfig) -> list[tuple[float, RunConfig]]:
     """(share of the budget, the config its steps train): one phase, or the sequence-length warmup's short
     rows (RunConfig.short_phase) first."""
     short = cfg.short_phase()
-    return [(1.0, cfg)] if short is None else [(cfg.train.short_fraction, short), (1 - cfg.train.short_fraction, cfg)]
+    return (
+        [(1.0, cfg)]
+        if short is None
+        else [(cfg.train.short_fraction, short), (1 - cfg.train.short_fraction, cfg)]
+    )
 
 
 def _phase_steps(share: float, c: RunConfig, t) -> float:
@@ -79,6 +84,7 @@ def training_flops(cfg: RunConfig) -> float:
     budget in seconds: that amount). Used to start a study's runs longest first (`--jobs N`), so that the
     longest ones do not start last and leave cores idle at the end: an order, not a time."""
     from study.model import model_flops_per_token
+
     t = cfg.train
     if planned_steps(cfg) is None:
         return float(t.amount)
@@ -94,7 +100,9 @@ def param_count(cfg: RunConfig) -> int:
     """Encoder + pooler parameters of the BERT this config builds (the MLM head's decoder is tied)."""
     m, v = cfg.model, cfg.tokenizer.vocab_size
     per_layer = 4 * m.hidden * m.hidden + 2 * m.hidden * m.intermediate + 9 * m.hidden + m.intermediate
-    pre_ln = 3 * m.hidden if m.arch == "pre_ln" else 0  # one more position row (RoBERTa's offset), a final LayerNorm
+    pre_ln = (
+        3 * m.hidden if m.arch == "pre_ln" else 0
+    )  # one more position row (RoBERTa's offset), a final LayerNorm
     return v * m.hidden + m.max_positions * m.hidden + m.layers * per_layer + m.hidden * m.hidden + pre_ln
 
 
@@ -105,10 +113,19 @@ def estimate_seconds(cfg: RunConfig) -> float:
     if steps is None:
         return cfg.train.amount
     total, t = 0.0, cfg.train
-    for share, c in _phases(cfg):   # a sequence-length warmup times its short steps apart
+    for share, c in _phases(cfg):  # a sequence-length warmup times its short steps apart
         # everything the step's cost depends on: shapes, the objective's heads, and every impl setting
-        key = (c.model.model_dump_json(), c.tokenizer.vocab_size, c.objective.max_seq_len, c.objective.sentence,
-               c.train.batch_size, t.grad_accum, t.clip, c.masking.rate, c.impl.model_dump_json())
+        key = (
+            c.model.model_dump_json(),
+            c.tokenizer.vocab_size,
+            c.objective.max_seq_len,
+            c.objective.sentence,
+            c.train.batch_size,
+            t.grad_accum,
+            t.clip,
+            c.masking.rate,
+            c.impl.model_dump_json(),
+        )
         if key not in _STEP_TIMES:
             _STEP_TIMES[key] = time_pretrain_step(c)
         total += _STEP_TIMES[key] * _phase_steps(share, c, t)
@@ -122,13 +139,17 @@ def _synthetic_parts(cfg: RunConfig) -> list[dict]:
     import torch
 
     from study.data.batches import micro_batches
+
     t, seq, vocab = cfg.train, cfg.objective.max_seq_len, cfg.tokenizer.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (t.batch_size, seq), generator=g)
-    labels = torch.where(torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100))
+    labels = torch.where(
+        torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100)
+    )
     sentence = torch.full((t.batch_size,), 0 if cfg.objective.sentence != "none" else -1, dtype=torch.long)
-    return micro_batches(ids, torch.ones_like(ids), torch.zeros_like(ids), labels, sentence,
-                         t.batch_size // t.grad_accum)
+    return micro_batches(
+        ids, torch.ones_like(ids), torch.zeros_like(ids), labels, sentence, t.batch_size // t.grad_accum
+    )
 
 
 def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
@@ -142,13 +163,21 @@ def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
     from study.pretrain.evaluate import device_sync
     from study.pretrain.step import LossModule, build_training_model, make_optimizer, pretrain_step
     from study.runtime import resolve, threads
+
     t, m = cfg.train, cfg.model
     rt = resolve(cfg.impl)
     # a gpu-profile model on a CPU takes minutes here: say what is being timed
-    print(f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x "
-          f"{cfg.objective.max_seq_len} on {rt.device}", file=sys.stderr, flush=True)
+    print(
+        f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x "
+        f"{cfg.objective.max_seq_len} on {rt.device}",
+        file=sys.stderr,
+        flush=True,
+    )
     # the dropout masks draw from torch's global generator: planning leaves the caller's state alone
-    with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
+    with (
+        threads(cfg.impl.threads),
+        torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []),
+    ):
         model, _ = build_training_model(cfg, cfg.tokenizer.vocab_size, rt.device)
         opt, fused = make_optimizer(cfg, model, rt.device)
         module, parts = LossModule(model, cfg.impl.sparse_head, chunked=rt.chunked_mlm), _synthetic_parts(cfg)
@@ -169,11 +198,16 @@ def row_lengths(cfg: RunConfig, layout, data):
     tok_dir = layout.data_dir(cfg.data_hash()) / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
         from transformers import BertTokenizerFast
+
         tok = BertTokenizerFast.from_pretrained(str(tok_dir))
         out = tok(data.text_a, data.text_b, truncation=True, max_length=max_len)
         return np.array([len(x) for x in out["input_ids"]])
-    words = np.array([len(a.split()) + (len(b.split()) if data.text_b is not None else 0)
-                      for a, b in zip(data.text_a, data.text_b or data.text_a)])
+    words = np.array(
+        [
+            len(a.split()) + (len(b.split()) if data.text_b is not None else 0)
+            for a, b in zip(data.text_a, data.text_b or data.text_a)
+        ]
+    )
     specials = 3 if data.text_b is not None else 2
     return np.minimum(np.ceil(words * TOKENS_PER_WORD).astype(int) + specials, max_len)
 
@@ -181,7 +215,7 @@ def row_lengths(cfg: RunConfig, layout, data):
 def batch_width(lengths, batch: int) -> int:
     """Mean padded width of shuffled batches (fine-tuning pads each batch to its longest row)."""
     order = np.random.default_rng(0).permutation(len(lengths))
-    widths = [lengths[order[i:i + batch]].max() for i in range(0, len(order), batch)]
+    widths = [lengths[order[i : i + batch]].max() for i in range(0, len(order), batch)]
     return max(1, round(float(np.mean(widths))))
 
 
@@ -201,32 +235,59 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
     from study.downstream.encode import Encoded, collate
     from study.model import build_model
     from study.runtime import resolve, threads
+
     ft, vocab = cfg.finetune, cfg.tokenizer.vocab_size
     rt = resolve(cfg.impl)
-    key = ("ft", cfg.model.model_dump_json(), vocab, ft.model_dump_json(), cfg.impl.model_dump_json(),
-           str(rt.device), np.asarray(lengths).tobytes(), k)
+    key = (
+        "ft",
+        cfg.model.model_dump_json(),
+        vocab,
+        ft.model_dump_json(),
+        cfg.impl.model_dump_json(),
+        str(rt.device),
+        np.asarray(lengths).tobytes(),
+        k,
+    )
     if key in _STEP_TIMES:
         return _STEP_TIMES[key]
-    with threads(cfg.impl.threads), torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
+    with (
+        threads(cfg.impl.threads),
+        torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []),
+    ):
         g = torch.Generator().manual_seed(0)  # local: planning never touches global RNG state
         rng = np.random.default_rng(0)
-        order = rng.permutation(len(lengths))[:n * ft.batch_size * k]
-        rows = Encoded([rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
-                       [np.zeros(int(lengths[i]), dtype=np.int8) for i in order], np.zeros(len(order), np.int64))
+        order = rng.permutation(len(lengths))[: n * ft.batch_size * k]
+        rows = Encoded(
+            [rng.integers(5, vocab, int(lengths[i]), dtype=np.int32) for i in order],
+            [np.zeros(int(lengths[i]), dtype=np.int8) for i in order],
+            np.zeros(len(order), np.int64),
+        )
         if k > 1:
             times = _seed_batch_steps(cfg, rows, k, rt)
             _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
             return _STEP_TIMES[key]
-        model = Classifier(build_model(cfg.model, vocab, False, cfg.impl).bert, 2, cfg.model.dropout,
-                           cfg.model.init_range, g, ft.pooling).to(rt.device)
+        model = Classifier(
+            build_model(cfg.model, vocab, False, cfg.impl).bert,
+            2,
+            cfg.model.dropout,
+            cfg.model.init_range,
+            g,
+            ft.pooling,
+        ).to(rt.device)
         model.train()
         opt = finetune_optimizer(model, ft)
         times = []
         for b in range(0, len(order), ft.batch_size):
             idx = np.arange(b, min(b + ft.batch_size, len(order)))
             start = time.perf_counter()
-            loss = finetune_step(model, opt, collate(rows, idx, rt.device),
-                                 torch.from_numpy(rows.labels[idx]).to(rt.device), False, rt.autocast)
+            loss = finetune_step(
+                model,
+                opt,
+                collate(rows, idx, rt.device),
+                torch.from_numpy(rows.labels[idx]).to(rt.device),
+                False,
+                rt.autocast,
+            )
             loss.item()  # waits for the device, as fine-tuning's own loss log does
             times.append(time.perf_counter() - start)
     _STEP_TIMES[key] = float(np.median(times[1:])) if len(times) > 1 else times[0]
@@ -239,6 +300,7 @@ def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
 
     from study.downstream.batched import SeedBatch, collate_seeds
     from study.model import build_model
+
     ft = cfg.finetune
     bert = build_model(cfg.model, cfg.tokenizer.vocab_size, False, cfg.impl).bert
     sb = SeedBatch(cfg, bert, 2, list(range(k)), rt, total_steps=1000, warmup=0)
@@ -247,7 +309,7 @@ def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
         idxs = [np.arange(b + j * per, b + (j + 1) * per) for j in range(k)]
         y = torch.zeros(k, per, dtype=torch.long, device=rt.device)
         start = time.perf_counter()
-        sb.step(step, collate_seeds(rows, idxs, rt.device), y, False)   # syncs: it returns the K losses
+        sb.step(step, collate_seeds(rows, idxs, rt.device), y, False)  # syncs: it returns the K losses
         times.append(time.perf_counter() - start)
     return times
 
@@ -260,16 +322,26 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
     at finetune.max_length tokens: an upper bound (`finetune_is_bound`).
     """
     from study.downstream.encode import cap_rows  # the rows a cap keeps: the same ones fine-tuning will use
+
     ft = cfg.finetune
     total = 0.0
     for task, (seeds, probe) in todo.items():
         if not seeds and not probe:
             continue
-        key = (task, ft.glue_dir, ft.max_train_examples, ft.max_eval_examples, ft.max_length, cfg.data_hash(),
-               (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir())
-        if key not in _LENGTHS and ft.glue_dir == HUB:   # not downloaded: published counts at max_length
-            n_train, n_dev = (n if cap is None else min(n, cap)
-                              for n, cap in zip(HUB_ROWS[task], (ft.max_train_examples, ft.max_eval_examples)))
+        key = (
+            task,
+            ft.glue_dir,
+            ft.max_train_examples,
+            ft.max_eval_examples,
+            ft.max_length,
+            cfg.data_hash(),
+            (layout.data_dir(cfg.data_hash()) / "tokenizer").is_dir(),
+        )
+        if key not in _LENGTHS and ft.glue_dir == HUB:  # not downloaded: published counts at max_length
+            n_train, n_dev = (
+                n if cap is None else min(n, cap)
+                for n, cap in zip(HUB_ROWS[task], (ft.max_train_examples, ft.max_eval_examples))
+            )
             _LENGTHS[key] = (np.full(n_train, ft.max_length), np.full(n_dev, ft.max_length))
         if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once
             try:
@@ -281,7 +353,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
         l_train, l_dev = _LENGTHS[key]
         width = batch_width(l_train, ft.batch_size)
         steps = max(1, math.ceil(ft.epochs * math.ceil(len(l_train) / ft.batch_size)))
-        if cfg.impl.finetune_batched_seeds and seeds > 1:   # one stacked model trains every missing seed
+        if cfg.impl.finetune_batched_seeds and seeds > 1:  # one stacked model trains every missing seed
             step_k = _classifier_step(cfg, l_train, k=seeds)
             per_token = step_k / (seeds * ft.batch_size * width) / 3
             total += steps * step_k + seeds * l_dev.sum() * per_token
@@ -302,20 +374,29 @@ def finetune_is_bound(cfg: RunConfig) -> bool:
 def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
     """What fine-tuning of one encoder has not written yet: task -> (seeds, probe)."""
     from study.downstream.finetune import result_path
+
     ft, fh = cfg.finetune, cfg.finetune_hash()
 
     def missing(task: str, mode: str) -> int:
         return sum(not result_path(layout, run_key, task, fh, mode, s).exists() for s in ft.seeds)
+
     return {task: (missing(task, "finetune"), ft.probe and missing(task, "probe") > 0) for task in ft.tasks}
 
 
-def study_finetune_seconds(runs, layout, jobs: int = 1) -> tuple[dict[str, float | None], dict[str, float | None]]:
+def study_finetune_seconds(
+    runs, layout, jobs: int = 1
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """Fine-tuning still to do for a study's runs (per run hash) and for their random-init baselines (per
     baseline key: runs share them). A None means that task's size is unknown here. jobs > 1: each timed
     with the threads one of `jobs` side-by-side workers gets (study/parallel.py with_threads)."""
     from study.parallel import with_threads
-    per_run = {r.run_hash: finetune_seconds(with_threads(r.config, jobs), layout, _todo(r.config, layout, r.run_hash))
-               for r in runs}
+
+    per_run = {
+        r.run_hash: finetune_seconds(
+            with_threads(r.config, jobs), layout, _todo(r.config, layout, r.run_hash)
+        )
+        for r in runs
+    }
     base: dict[str, float | None] = {}
     for r in runs:
         if r.config.finetune.baseline and (key := r.config.baseline_key()) not in base:

@@ -23,6 +23,7 @@ optuna (spec parsing stays light) and without an import cycle (study/search/ imp
 Checks that need RunConfig (does the key exist, does every extreme give a valid run, can any run
 produce the objective metric) live in study/search/checks.py's `load_search`, before any training.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -62,8 +63,9 @@ class ParamSpec(_Strict):
         if self.type is None:
             if self.choices is not None:
                 self.type = "categorical"
-            elif all(isinstance(x, int) and not isinstance(x, bool) for x in (self.low, self.high)) and \
-                    (self.step is None or float(self.step).is_integer()):
+            elif all(isinstance(x, int) and not isinstance(x, bool) for x in (self.low, self.high)) and (
+                self.step is None or float(self.step).is_integer()
+            ):
                 self.type = "int"
             else:
                 self.type = "float"
@@ -109,11 +111,11 @@ class PrunerSpec(_Strict):
     wilcoxon prunes across pre-training seeds (one value per finished seed run)."""
 
     kind: Literal["median", "hyperband", "wilcoxon", "none"] = "median"
-    n_startup_trials: int = Field(default=2, ge=0)   # median: trials before pruning starts
-    n_warmup_steps: int = Field(default=0, ge=0)     # median: steps before a trial can be pruned
-    reduction_factor: int = Field(default=3, ge=2)   # hyperband
+    n_startup_trials: int = Field(default=2, ge=0)  # median: trials before pruning starts
+    n_warmup_steps: int = Field(default=0, ge=0)  # median: steps before a trial can be pruned
+    reduction_factor: int = Field(default=3, ge=2)  # hyperband
     p_threshold: float = Field(default=0.1, ge=0, le=1)  # wilcoxon
-    n_startup_steps: int = Field(default=2, ge=0)    # wilcoxon: seeds before a trial can be pruned
+    n_startup_steps: int = Field(default=2, ge=0)  # wilcoxon: seeds before a trial can be pruned
 
 
 class SearchSpec(_Strict):

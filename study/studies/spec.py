@@ -13,6 +13,7 @@ A spec holds
 Every error names the file and the dotted path, suggests the closest key for a typo,
 and is raised before anything is written.
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,17 @@ from study.errors import StudyError
 from study.paths import Layout
 from study.report import references
 from study.rundir import RunDir
-from study.studies.checks import (check_finite_search, check_inert_factors, check_names, check_one_finetune_recipe,
-                                  check_report_hints, reject_resolved_keys, reject_seed_keys, same_level, suggest)
+from study.studies.checks import (
+    check_finite_search,
+    check_inert_factors,
+    check_names,
+    check_one_finetune_recipe,
+    check_report_hints,
+    reject_resolved_keys,
+    reject_seed_keys,
+    same_level,
+    suggest,
+)
 from study.studies.searchspec import SearchSpec
 from study.studies.specyaml import clip, read_yaml, short
 
@@ -106,35 +116,81 @@ class Study:
         bad = [w for w in which if w not in known]
         if bad:
             choices = [f"{r.run_hash} ({r.label}, seed {r.seed})" for r in self.runs]
-            raise StudyError(f"no run with hash or label {bad[0]!r} in this spec", field="--run",
-                             allowed=", ".join(choices))
+            raise StudyError(
+                f"no run with hash or label {bad[0]!r} in this spec",
+                field="--run",
+                allowed=", ".join(choices),
+            )
         return [r for r in self.runs if r.run_hash in which or r.label in which]
 
     def plan_dict(self, layout: Layout) -> dict:
         """The input of aggregation: what was asked and which runs answer it."""
         r = self.spec.report
         # fine-tune seeds and tasks are not in the finetune_hash: the aggregate reads only these
-        runs = [{"run_hash": p.run_hash, "label": p.label, "seed": p.seed, "factors": p.factors,
-                 "status": p.status(layout),
-                 "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None,
-                 "finetune_seeds": list(p.config.finetune.seeds), "finetune_tasks": list(p.config.finetune.tasks)}
-                for p in self.runs]
-        return {"name": self.name, "question": self.spec.question, "kind": r.kind,
-                "primary_metric": r.primary_metric, "x": r.x, "hue": r.hue, "compare": r.compare,
-                "references": r.references, "spec": str(self.path), "profile": self.profile,
-                "finetune_hash": self.runs[0].config.finetune_hash() if self.runs else None,
-                "recipe": recipe_values([p.config for p in self.runs]), "runs": runs}
+        runs = [
+            {
+                "run_hash": p.run_hash,
+                "label": p.label,
+                "seed": p.seed,
+                "factors": p.factors,
+                "status": p.status(layout),
+                "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None,
+                "finetune_seeds": list(p.config.finetune.seeds),
+                "finetune_tasks": list(p.config.finetune.tasks),
+            }
+            for p in self.runs
+        ]
+        return {
+            "name": self.name,
+            "question": self.spec.question,
+            "kind": r.kind,
+            "primary_metric": r.primary_metric,
+            "x": r.x,
+            "hue": r.hue,
+            "compare": r.compare,
+            "references": r.references,
+            "spec": str(self.path),
+            "profile": self.profile,
+            "finetune_hash": self.runs[0].config.finetune_hash() if self.runs else None,
+            "recipe": recipe_values([p.config for p in self.runs]),
+            "runs": runs,
+        }
 
 
 # The recipe a report's methods paragraph states (study.report.render.recipe_sentence): the settings a reader
 # needs to know what was pre-trained and how it was fine-tuned, whether or not a factor varies them.
-RECIPE_KEYS = ("model.arch", "model.layers", "model.hidden", "model.heads", "model.intermediate", "model.dropout",
-               "model.init_range", "tokenizer.vocab_size", "objective.format", "objective.sentence",
-               "objective.max_seq_len", "masking.rate", "masking.split", "masking.unit",
-               "train.budget", "train.amount", "train.batch_size", "train.short_len", "train.short_fraction",
-               "train.lr", "train.warmup", "train.schedule",
-               "finetune.pooling", "finetune.lr", "finetune.epochs", "finetune.max_train_examples",
-               "finetune.max_eval_examples", "finetune.seeds", "finetune.probe", "finetune.probe_layers")
+RECIPE_KEYS = (
+    "model.arch",
+    "model.layers",
+    "model.hidden",
+    "model.heads",
+    "model.intermediate",
+    "model.dropout",
+    "model.init_range",
+    "tokenizer.vocab_size",
+    "objective.format",
+    "objective.sentence",
+    "objective.max_seq_len",
+    "masking.rate",
+    "masking.split",
+    "masking.unit",
+    "train.budget",
+    "train.amount",
+    "train.batch_size",
+    "train.short_len",
+    "train.short_fraction",
+    "train.lr",
+    "train.warmup",
+    "train.schedule",
+    "finetune.pooling",
+    "finetune.lr",
+    "finetune.epochs",
+    "finetune.max_train_examples",
+    "finetune.max_eval_examples",
+    "finetune.seeds",
+    "finetune.probe",
+    "finetune.probe_layers",
+)
 
 
 def recipe_values(configs: list[RunConfig]) -> dict[str, list]:
@@ -169,8 +225,12 @@ def set_dotted(tree: dict, key: str, value: Any, source: str) -> None:
     """Set a dotted spec key (`masking.rate`) in a config tree; an unknown key is a StudyError."""
     known = known_keys()
     if key not in known:
-        raise StudyError(f"unknown key{suggest(key, known)}", field=key, source=source,
-                         allowed="dotted keys such as masking.rate, objective.sentence, model.layers")
+        raise StudyError(
+            f"unknown key{suggest(key, known)}",
+            field=key,
+            source=source,
+            allowed="dotted keys such as masking.rate, objective.sentence, model.layers",
+        )
     section, _, leaf = key.partition(".")
     if not leaf:
         tree[section] = value
@@ -191,8 +251,9 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def pydantic_error(err: ValidationError, source: str, prefix: str = "",
-                   model: type[BaseModel] | None = None) -> StudyError:
+def pydantic_error(
+    err: ValidationError, source: str, prefix: str = "", model: type[BaseModel] | None = None
+) -> StudyError:
     """The first error of a pydantic validation as a StudyError naming the dotted field and what is allowed."""
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
@@ -204,8 +265,13 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "",
     if e["type"] == "extra_forbidden":
         parent = loc.rsplit(".", 1)[0] if "." in loc else ""
         fields = _fields_at(model, parts)  # the keys of the section the unknown key sits in
-        options = [f"{parent}.{f}" if parent else f for f in fields] if fields is not None else \
-            [k for k in known_keys() if k.startswith(parent + ".")] if parent else list(SpecFile.model_fields)
+        options = (
+            [f"{parent}.{f}" if parent else f for f in fields]
+            if fields is not None
+            else [k for k in known_keys() if k.startswith(parent + ".")]
+            if parent
+            else list(SpecFile.model_fields)
+        )
         msg = f"unknown key{suggest(loc, options)}"
         allowed = ", ".join(o.rsplit(".", 1)[-1] for o in options)
     elif e["type"] == "literal_error":
@@ -213,8 +279,9 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "",
         msg = f"got {short(e['input'])}"
     elif "ctx" in e and e["type"] in _BOUNDS:
         msg = f"got {short(e['input'])}: {msg}"  # both bounds where the field has two (0 < rate < 1)
-        allowed = accepts(model, parts) or " ".join(f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX
-                                                    if c in e["ctx"])
+        allowed = accepts(model, parts) or " ".join(
+            f"{_BOUNDS[t]} {e['ctx'][c]}" for t, c in _BOUND_CTX if c in e["ctx"]
+        )
     elif e["type"] not in (CROSS_FIELD, "missing") and "input" in e and not isinstance(e["input"], dict):
         msg = f"got {short(e['input'])}: {msg}"  # bounded: the input may be a whole (aliased) subtree
         if e["type"].endswith(_TYPE_ERRORS):  # pydantic names the type it wanted, not the field's range
@@ -227,7 +294,12 @@ def pydantic_error(err: ValidationError, source: str, prefix: str = "",
 
 
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
-_BOUND_CTX = (("greater_than", "gt"), ("greater_than_equal", "ge"), ("less_than", "lt"), ("less_than_equal", "le"))
+_BOUND_CTX = (
+    ("greater_than", "gt"),
+    ("greater_than_equal", "ge"),
+    ("less_than", "lt"),
+    ("less_than_equal", "le"),
+)
 _SEED_FIELDS = {"seed", "seeds", "split_seed", "best_seeds"}
 _TYPE_ERRORS = ("_parsing", "_type", "_from_float")
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -277,8 +349,9 @@ def accepts(model: type[BaseModel] | None, loc: list) -> str | None:
     return text + (", or null" if optional else "")
 
 
-def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source: str,
-                     fingerprint: bool = True) -> RunConfig:
+def build_run_config(
+    defaults: dict, settings: dict[str, Any], seed: int, source: str, fingerprint: bool = True
+) -> RunConfig:
     """The RunConfig of one run: the resolved `defaults` with the dotted `settings` set and `seed`.
 
     The one construction of a run from a spec: `load_study` builds every planned run with it and a
@@ -296,24 +369,40 @@ def build_run_config(defaults: dict, settings: dict[str, Any], seed: int, source
         raise pydantic_error(err, source, model=RunConfig) from None
     if not fingerprint:
         return cfg
-    return with_fingerprint(cfg, source)  # the corpus contents enter the run hash; a missing source fails here
+    return with_fingerprint(
+        cfg, source
+    )  # the corpus contents enter the run hash; a missing source fails here
 
 
 def _base_file(path: Path, spec: SpecFile) -> Path:
     """Where `base` points: a .yaml file, relative to the spec's folder. Checked before it is read."""
     src = str(path)
     if not spec.base or not spec.base.strip():
-        raise StudyError("is empty", field="base", source=src, allowed="a spec file path relative to this spec")
+        raise StudyError(
+            "is empty", field="base", source=src, allowed="a spec file path relative to this spec"
+        )
     base = path.parent / spec.base
     if base.suffix not in (".yaml", ".yml"):
-        raise StudyError(f"'{spec.base}' is not a spec file", field="base", source=src,
-                         allowed="a .yaml / .yml spec file, relative to this spec's folder")
+        raise StudyError(
+            f"'{spec.base}' is not a spec file",
+            field="base",
+            source=src,
+            allowed="a .yaml / .yml spec file, relative to this spec's folder",
+        )
     if not base.exists():
-        raise StudyError(f"base spec '{spec.base}' does not exist (looked at {base})", field="base", source=src,
-                         allowed="an existing .yaml spec file, relative to this spec's folder")
+        raise StudyError(
+            f"base spec '{spec.base}' does not exist (looked at {base})",
+            field="base",
+            source=src,
+            allowed="an existing .yaml spec file, relative to this spec's folder",
+        )
     if not base.is_file():
-        raise StudyError(f"'{spec.base}' is not a file ({base})", field="base", source=src,
-                         allowed="a .yaml spec file, relative to this spec's folder")
+        raise StudyError(
+            f"'{spec.base}' is not a file ({base})",
+            field="base",
+            source=src,
+            allowed="a .yaml spec file, relative to this spec's folder",
+        )
     return base
 
 
@@ -345,32 +434,52 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
             base_spec, defaults = _resolve_defaults(base_path, (*chain, path))
         except StudyError as exc:
             if exc.source == str(base_path.resolve()) and exc.field is None:  # the file is not a spec at all
-                raise StudyError(f"'{spec.base}' is not a readable spec: {exc.message}", field="base",
-                                 source=str(path), allowed="a spec YAML mapping with at least `name`") from None
+                raise StudyError(
+                    f"'{spec.base}' is not a readable spec: {exc.message}",
+                    field="base",
+                    source=str(path),
+                    allowed="a spec YAML mapping with at least `name`",
+                ) from None
             if exc.field == "base" and exc.message.startswith("cycle of bases"):
                 raise
-            raise StudyError(f"{exc.message} (in the base of {path})", field=exc.field, allowed=exc.allowed,
-                             source=exc.source) from None
+            raise StudyError(
+                f"{exc.message} (in the base of {path})",
+                field=exc.field,
+                allowed=exc.allowed,
+                source=exc.source,
+            ) from None
         profiles = copy.deepcopy(base_spec.profiles)
     for section, keys in spec.defaults.items():
         if section not in RunConfig.model_fields:
-            raise StudyError(f"unknown section{suggest(str(section), list(RunConfig.model_fields))}",
-                             field=f"defaults.{clip(str(section))}", source=str(path),
-                             allowed=", ".join(RunConfig.model_fields))
+            raise StudyError(
+                f"unknown section{suggest(str(section), list(RunConfig.model_fields))}",
+                field=f"defaults.{clip(str(section))}",
+                source=str(path),
+                allowed=", ".join(RunConfig.model_fields),
+            )
         # unknown keys here, so that a typo in a base names the base file (values are checked per run)
         model = RunConfig.model_fields[section].annotation
         if isinstance(keys, dict) and isinstance(model, type) and issubclass(model, BaseModel):
             for key in keys:
                 if key not in model.model_fields:
-                    raise StudyError(f"unknown key{suggest(f'{section}.{key}', known_keys())}",
-                                     field=f"defaults.{section}.{clip(str(key))}", source=str(path),
-                                     allowed=", ".join(model.model_fields))
+                    raise StudyError(
+                        f"unknown key{suggest(f'{section}.{key}', known_keys())}",
+                        field=f"defaults.{section}.{clip(str(key))}",
+                        source=str(path),
+                        allowed=", ".join(model.model_fields),
+                    )
     known = known_keys()
     for name, settings in spec.profiles.items():
-        for key in settings:  # here, so that a typo in a profile no command selects still fails, naming its file
+        for (
+            key
+        ) in settings:  # here, so that a typo in a profile no command selects still fails, naming its file
             if key not in known:
-                raise StudyError(f"unknown key{suggest(str(key), known)}", field=f"profiles.{name}.{clip(str(key))}",
-                                 source=str(path), allowed="dotted keys such as masking.rate, model.layers")
+                raise StudyError(
+                    f"unknown key{suggest(str(key), known)}",
+                    field=f"profiles.{name}.{clip(str(key))}",
+                    source=str(path),
+                    allowed="dotted keys such as masking.rate, model.layers",
+                )
         profiles[name] = {**profiles.get(name, {}), **settings}
     spec.profiles = profiles
     return spec, _deep_merge(defaults, spec.defaults)
@@ -380,11 +489,18 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     for key, levels in spec.factors.items():
         if not levels:
             raise StudyError("empty list of levels", field=f"factors.{key}", source=source)
-        for i, v in enumerate(levels):  # 1 and 1.0 are one level once resolved (as aggregate rows compare them too)
+        for i, v in enumerate(
+            levels
+        ):  # 1 and 1.0 are one level once resolved (as aggregate rows compare them too)
             j = next((j for j in range(i) if same_level(levels[j], v)), None)
             if j is not None:
-                raise StudyError(f"levels {short(levels[j], 40)} and {short(v, 40)} are equal once resolved: the same "
-                                 "runs twice", field=f"factors.{key}", source=source, allowed="distinct values")
+                raise StudyError(
+                    f"levels {short(levels[j], 40)} and {short(v, 40)} are equal once resolved: the same "
+                    "runs twice",
+                    field=f"factors.{key}",
+                    source=source,
+                    allowed="distinct values",
+                )
     points: list[tuple[str, dict[str, Any]]] = []
     keys = list(spec.factors)
     if keys and spec.design == "grid":
@@ -412,12 +528,20 @@ def _same_run(first: tuple[str, dict], second: tuple[str, dict], spec: SpecFile,
     (la, a), (lb, b) = first, second
     keys = [k for k in {**a, **b} if k not in a or k not in b or a[k] != b[k]]
     if len(keys) == 1 and keys[0] in spec.factors:
-        raise StudyError(f"levels {short(a.get(keys[0]), 40)} and {short(b.get(keys[0]), 40)} give the same run "
-                         f"config (runs '{la}' and '{lb}'): another setting makes this key inert, or the value "
-                         "is normalised to another level", field=f"factors.{keys[0]}", source=source,
-                         allowed="levels that change the run")
-    raise StudyError(f"runs '{la}' and '{lb}' resolve to the same config", field="factors", source=source,
-                     allowed="design points that differ in the run")
+        raise StudyError(
+            f"levels {short(a.get(keys[0]), 40)} and {short(b.get(keys[0]), 40)} give the same run "
+            f"config (runs '{la}' and '{lb}'): another setting makes this key inert, or the value "
+            "is normalised to another level",
+            field=f"factors.{keys[0]}",
+            source=source,
+            allowed="levels that change the run",
+        )
+    raise StudyError(
+        f"runs '{la}' and '{lb}' resolve to the same config",
+        field="factors",
+        source=source,
+        allowed="design points that differ in the run",
+    )
 
 
 def load_study(path: str | Path, profile: str | None = None, fingerprint: bool = True) -> Study:
@@ -428,15 +552,23 @@ def load_study(path: str | Path, profile: str | None = None, fingerprint: bool =
     source = str(path)
     if profile is not None:
         if profile not in spec.profiles:
-            raise StudyError(f"unknown profile '{profile}'", field="profiles", source=source,
-                             allowed=", ".join(spec.profiles) or "(this spec defines none)")
+            raise StudyError(
+                f"unknown profile '{profile}'",
+                field="profiles",
+                source=source,
+                allowed=", ".join(spec.profiles) or "(this spec defines none)",
+            )
         for key, value in spec.profiles[profile].items():
             set_dotted(defaults, key, value, source)
     known_refs = references.available()
     for ref in spec.report.references:
         if ref not in known_refs:
-            raise StudyError(f"unknown paper reference {ref!r}{suggest(ref, known_refs)}",
-                             field="report.references", source=source, allowed=", ".join(known_refs))
+            raise StudyError(
+                f"unknown paper reference {ref!r}{suggest(ref, known_refs)}",
+                field="report.references",
+                source=source,
+                allowed=", ".join(known_refs),
+            )
     study = Study(path=path, spec=spec, defaults=defaults, profile=profile)
     seen: dict[str, tuple[str, dict]] = {}
     for label, setting in _design_points(spec, source):
@@ -446,8 +578,12 @@ def load_study(path: str | Path, profile: str | None = None, fingerprint: bool =
             except StudyError as exc:
                 where = f"run '{label}'" if setting else "defaults"
                 if profile is not None and exc.field in spec.profiles[profile] and exc.field not in setting:
-                    raise StudyError(f"{exc.message} (in {where}, set by profile {profile})", allowed=exc.allowed,
-                                     field=f"profiles.{profile}.{exc.field}", source=exc.source) from None
+                    raise StudyError(
+                        f"{exc.message} (in {where}, set by profile {profile})",
+                        allowed=exc.allowed,
+                        field=f"profiles.{profile}.{exc.field}",
+                        source=exc.source,
+                    ) from None
                 raise StudyError(f"{exc} (in {where})") from None
             run = PlannedRun(label=label, seed=seed, factors=setting, config=cfg)
             check_one_finetune_recipe(study.runs[0] if study.runs else run, run, source)

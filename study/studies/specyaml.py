@@ -5,6 +5,7 @@ own job: a SafeLoader that also refuses duplicate and unhashable keys, and alias
 a size or depth limit (a few hundred bytes of "billion laughs" would otherwise take minutes and GBs in
 validation, error messages and hashing), plus `short`, the bounded repr every error message uses.
 """
+
 from __future__ import annotations
 
 import reprlib
@@ -21,8 +22,8 @@ from study.errors import StudyError
 # make a small file expand exponentially ("billion laughs"), which every later step (validation, repr
 # in an error message, duplicate checks, hashing) would walk in full.
 MAX_SPEC_BYTES = 256 * 1024
-MAX_NODES = 20_000    # YAML nodes after expanding aliases
-MAX_DEPTH = 40        # nesting levels after expanding aliases (the shipped specs use 4)
+MAX_NODES = 20_000  # YAML nodes after expanding aliases
+MAX_DEPTH = 40  # nesting levels after expanding aliases (the shipped specs use 4)
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
@@ -36,7 +37,7 @@ def short(value: Any, limit: int = 120) -> str:
 
 def clip(text: str, limit: int = 60) -> str:
     """A text (a key written in the spec) cut to `limit` characters for a message."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -56,8 +57,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def compose_node(self, parent, index):
         # PyYAML composes recursively: bound the depth before Python's recursion limit is reached
-        step = (index.value if isinstance(index, yaml.ScalarNode) else "?") if isinstance(parent, yaml.MappingNode) \
-            else f"[{index}]" if isinstance(parent, yaml.SequenceNode) else None
+        step = (
+            (index.value if isinstance(index, yaml.ScalarNode) else "?")
+            if isinstance(parent, yaml.MappingNode)
+            else f"[{index}]"
+            if isinstance(parent, yaml.SequenceNode)
+            else None
+        )
         if step is not None:
             self._path.append(step)
         try:
@@ -73,8 +79,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         # key) and checks its pending keys once per level per token: 5000 nested brackets took seconds,
         # a file of them hours. Stop at the limit here, where the scanner counts levels itself.
         if self.flow_level >= MAX_DEPTH:
-            raise SpecLimitError(f"nested deeper than {MAX_DEPTH} levels ('[' / '{{' at line "
-                                 f"{self.get_mark().line + 1})", _dotted(self._path) or "(document)")
+            raise SpecLimitError(
+                f"nested deeper than {MAX_DEPTH} levels ('[' / '{{' at line {self.get_mark().line + 1})",
+                _dotted(self._path) or "(document)",
+            )
         super().fetch_flow_collection_start(TokenClass)
 
     def get_single_node(self):
@@ -93,11 +101,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 hash(key)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"a key must be a scalar (text or a number), got a {type(key).__name__}",
-                    key_node.start_mark) from None
+                    None,
+                    None,
+                    f"a key must be a scalar (text or a number), got a {type(key).__name__}",
+                    key_node.start_mark,
+                ) from None
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {short(key)}", key_node.start_mark)
+                    None, None, f"duplicate key {short(key)}", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -134,8 +146,10 @@ def _check_expansion(root) -> None:
             open_.add(k)
             for child in _children(node):
                 if id(child) in open_:
-                    raise SpecLimitError("an alias refers to a node that contains it (a recursive structure)",
-                                         _path_to(root, child))
+                    raise SpecLimitError(
+                        "an alias refers to a node that contains it (a recursive structure)",
+                        _path_to(root, child),
+                    )
                 if id(child) not in size:
                     stack.append(child)
         else:
@@ -147,8 +161,10 @@ def _check_expansion(root) -> None:
             depth[k] = min(MAX_DEPTH + 1, 1 + max((depth[id(c)] for c in kids), default=0))
     for what, table, limit in (("nodes", size, MAX_NODES), ("levels", depth, MAX_DEPTH)):
         if table[id(root)] > limit:
-            raise SpecLimitError(f"expands to more than {limit} {what} through YAML aliases (&anchor / *alias)",
-                                 _largest_path(root, table, limit))
+            raise SpecLimitError(
+                f"expands to more than {limit} {what} through YAML aliases (&anchor / *alias)",
+                _largest_path(root, table, limit),
+            )
 
 
 def _largest_path(root, table: dict[int, int], limit: int) -> str:
@@ -170,9 +186,13 @@ def _path_to(root, target) -> str:
         node, steps = queue.pop(0)
         if node is target:
             return _dotted(steps) or "(document)"
-        pairs = [((k.value if isinstance(k, yaml.ScalarNode) else "?"), v) for k, v in node.value] \
-            if isinstance(node, yaml.MappingNode) else \
-            [(f"[{i}]", v) for i, v in enumerate(node.value)] if isinstance(node, yaml.SequenceNode) else []
+        pairs = (
+            [((k.value if isinstance(k, yaml.ScalarNode) else "?"), v) for k, v in node.value]
+            if isinstance(node, yaml.MappingNode)
+            else [(f"[{i}]", v) for i, v in enumerate(node.value)]
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         for step, child in pairs:
             if id(child) not in seen:
                 seen.add(id(child))
@@ -187,15 +207,23 @@ def read_yaml(path: Path) -> dict:
         if not path.exists():
             raise StudyError("spec file does not exist", source=src, allowed="an existing .yaml spec file")
         if not path.is_file():
-            raise StudyError("is not a file" + (" but a folder" if path.is_dir() else ""), source=src,
-                             allowed="a .yaml spec file")
+            raise StudyError(
+                "is not a file" + (" but a folder" if path.is_dir() else ""),
+                source=src,
+                allowed="a .yaml spec file",
+            )
         with open(path, "rb") as f:  # read at most the limit: st_size can be 0 for special files
             data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
-        raise StudyError(f"cannot read the spec file ({exc.strerror or type(exc).__name__})", source=src) from None
+        raise StudyError(
+            f"cannot read the spec file ({exc.strerror or type(exc).__name__})", source=src
+        ) from None
     if len(data) > MAX_SPEC_BYTES:
-        raise StudyError(f"larger than {MAX_SPEC_BYTES // 1024} KiB: not a hand-written spec", source=src,
-                         allowed=f"a spec file of at most {MAX_SPEC_BYTES // 1024} KiB")
+        raise StudyError(
+            f"larger than {MAX_SPEC_BYTES // 1024} KiB: not a hand-written spec",
+            source=src,
+            allowed=f"a spec file of at most {MAX_SPEC_BYTES // 1024} KiB",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -204,17 +232,24 @@ def read_yaml(path: Path) -> dict:
     try:
         doc = loader.get_single_data()
     except SpecLimitError as exc:
-        raise StudyError(exc.problem, field=exc.path, source=src,
-                         allowed=f"at most {MAX_NODES} values and {MAX_DEPTH} levels once aliases are expanded, "
-                                 "no alias inside its own anchor") from None
+        raise StudyError(
+            exc.problem,
+            field=exc.path,
+            source=src,
+            allowed=f"at most {MAX_NODES} values and {MAX_DEPTH} levels once aliases are expanded, "
+            "no alias inside its own anchor",
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         kind = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
-        raise StudyError(f"{kind}{where}: {getattr(exc, 'problem', None) or short(exc)}", source=src) from None
+        raise StudyError(
+            f"{kind}{where}: {getattr(exc, 'problem', None) or short(exc)}", source=src
+        ) from None
     finally:
         loader.dispose()
     if not isinstance(doc, dict):
-        raise StudyError(f"a spec must be a YAML mapping with at least `name`, got {type(doc).__name__}",
-                         source=src)
+        raise StudyError(
+            f"a spec must be a YAML mapping with at least `name`, got {type(doc).__name__}", source=src
+        )
     return doc

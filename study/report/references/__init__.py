@@ -10,6 +10,7 @@ prints that flag next to it.
 difference point the same way as ours, and is ours distinguishable from seed noise at all?
 Nothing here imports torch: the report is rendered from aggregate files only.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -41,9 +42,11 @@ class _Strict(BaseModel):
 
 class Column(_Strict):
     name: str
-    task: str                    # our task name (SST-2, MNLI, ...) or "pretrain"
-    metric: str                  # our metric name (accuracy, f1, ref_ppl, ...)
-    mode: Literal["finetune", "probe", "pretrain"] | None = None  # None: finetune (pretrain for task=pretrain)
+    task: str  # our task name (SST-2, MNLI, ...) or "pretrain"
+    metric: str  # our metric name (accuracy, f1, ref_ppl, ...)
+    mode: Literal["finetune", "probe", "pretrain"] | None = (
+        None  # None: finetune (pretrain for task=pretrain)
+    )
     higher_is_better: bool
 
     @property
@@ -53,7 +56,7 @@ class Column(_Strict):
 
 class Row(_Strict):
     label: str
-    setting: dict[str, Any]      # our dotted keys (or a paper-only key such as `direction`) -> value
+    setting: dict[str, Any]  # our dotted keys (or a paper-only key such as `direction`) -> value
     values: dict[str, float | None]
     verified: bool
 
@@ -126,8 +129,11 @@ def available() -> list[str]:
 def load_reference(ref_id: str, directory: Path = REFERENCE_DIR) -> Reference:
     path = directory / f"{ref_id}.yaml"
     if not path.exists():
-        raise StudyError(f"unknown paper reference {ref_id!r}", field="report.references",
-                         allowed=", ".join(sorted(p.stem for p in directory.glob("*.yaml"))))
+        raise StudyError(
+            f"unknown paper reference {ref_id!r}",
+            field="report.references",
+            allowed=", ".join(sorted(p.stem for p in directory.glob("*.yaml"))),
+        )
     try:
         ref = Reference.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except ValidationError as err:
@@ -216,8 +222,10 @@ def trend_pair(ref: Reference, levels: list[dict[str, Any]]) -> tuple[dict[int, 
     g = max(groups.values(), key=len)
     lo_r, hi_r = min(g, key=lambda r: float(r.setting[k])), max(g, key=lambda r: float(r.setting[k]))
     lo_i, hi_i = xs.index(min(xs)), xs.index(max(xs))
-    note = (f"our levels of {k} are not in this table, so the TREND is compared: ours {k} "
-            f"{levels[lo_i][k]} → {levels[hi_i][k]} against the paper's {lo_r.label} → {hi_r.label}")
+    note = (
+        f"our levels of {k} are not in this table, so the TREND is compared: ours {k} "
+        f"{levels[lo_i][k]} → {levels[hi_i][k]} against the paper's {lo_r.label} → {hi_r.label}"
+    )
     return {lo_i: lo_r, hi_i: hi_r}, note
 
 
@@ -260,11 +268,22 @@ def unpaired(a: dict, b: dict) -> dict:
     noise = None
     if _finite(a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
         if zero_width(a["ci_low"], a["ci_high"]) or zero_width(b["ci_low"], b["ci_high"]):
-            return {"diff": b["mean"] - a["mean"], "ci_low": None, "ci_high": None, "noise": None,
-                    "why": SAME_SCORE, "basis": "per-level 95% CIs"}
+            return {
+                "diff": b["mean"] - a["mean"],
+                "ci_low": None,
+                "ci_high": None,
+                "noise": None,
+                "why": SAME_SCORE,
+                "basis": "per-level 95% CIs",
+            }
         noise = not (b["ci_low"] > a["ci_high"] or b["ci_high"] < a["ci_low"])
-    return {"diff": b["mean"] - a["mean"], "ci_low": None, "ci_high": None, "noise": noise,
-            "basis": OVERLAP if noise else "per-level 95% CIs"}
+    return {
+        "diff": b["mean"] - a["mean"],
+        "ci_low": None,
+        "ci_high": None,
+        "noise": noise,
+        "basis": OVERLAP if noise else "per-level 95% CIs",
+    }
 
 
 def _default_pairs(matched: dict[int, Row], levels: list[dict[str, Any]], b: int) -> list[tuple[int, int]]:
@@ -290,8 +309,13 @@ def _differing_extras(rows, levels: list[dict[str, Any]]) -> list[str]:
     return sorted(k for k in extra if len({str(r.setting.get(k)) for r in rows}) > 1)
 
 
-def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base: int = 0,
-                  pairs: list[tuple[int, int]] | None = None) -> dict:
+def paper_vs_ours(
+    ref: Reference,
+    levels: list[dict[str, Any]],
+    ours: dict,
+    base: int = 0,
+    pairs: list[tuple[int, int]] | None = None,
+) -> dict:
     """Paper numbers beside ours for the levels both vary, with a direction verdict per column.
 
     `ours[(level_index, task, mode, metric)] = {"mean", "ci_low", "ci_high"}`: our summary per level.
@@ -307,11 +331,19 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
         lo_i, hi_i = sorted(matched, key=lambda i: float(matched[i].setting[next(iter(levels[i]))]))
         pairs = [(lo_i, hi_i)]
         confounders = _differing_extras(matched.values(), levels)  # match_levels' were for other rows
-    out = {"reference": ref, "matched": {i: r.label for i, r in matched.items()}, "confounders": confounders,
-           "rows": [], "note": None, "trend": trend}
+    out = {
+        "reference": ref,
+        "matched": {i: r.label for i, r in matched.items()},
+        "confounders": confounders,
+        "rows": [],
+        "note": None,
+        "trend": trend,
+    }
     if len(matched) < 2:
-        out["note"] = ("fewer than two of this study's levels appear in this table, so no direction can be "
-                       "compared; the paper's numbers are shown for scale")
+        out["note"] = (
+            "fewer than two of this study's levels appear in this table, so no direction can be "
+            "compared; the paper's numbers are shown for scale"
+        )
         return out
     idx = sorted(matched)
     if pairs is not None and not all(i in matched and j in matched for i, j in pairs):
@@ -320,8 +352,9 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
         pairs = _default_pairs(matched, levels, base if base in matched else idx[0])
     elif trend is None:  # the study's pair first, then the table's other rows against its `a`
         seen = {id(matched[j]) for _, j in pairs}
-        pairs = pairs + [(i, j) for i, j in _default_pairs(matched, levels, pairs[0][0])
-                         if id(matched[j]) not in seen]
+        pairs = pairs + [
+            (i, j) for i, j in _default_pairs(matched, levels, pairs[0][0]) if id(matched[j]) not in seen
+        ]
     for i, j in pairs:
         if i not in matched or j not in matched:
             continue
@@ -334,11 +367,24 @@ def paper_vs_ours(ref: Reference, levels: list[dict[str, Any]], ours: dict, base
             d = ours.get(("diff", i, j, *key))
             if d is None and (i, *key) in ours and (j, *key) in ours:
                 d = unpaired(ours[(i, *key)], ours[(j, *key)])
-            out["rows"].append({
-                "column": col.name, "task": col.task, "mode": col.our_mode, "metric": col.metric,
-                "a": _level_key(levels[i]), "b": _level_key(levels[j]), "i": i, "j": j,
-                "paper_a_label": ri.label, "paper_b_label": rj.label, "paper_a": vi, "paper_b": vj,
-                "paper_diff": vj - vi, "paper_verified": ri.verified and rj.verified,
-                "ours": d, "verdict": _verdict(vj - vi, d),
-            })
+            out["rows"].append(
+                {
+                    "column": col.name,
+                    "task": col.task,
+                    "mode": col.our_mode,
+                    "metric": col.metric,
+                    "a": _level_key(levels[i]),
+                    "b": _level_key(levels[j]),
+                    "i": i,
+                    "j": j,
+                    "paper_a_label": ri.label,
+                    "paper_b_label": rj.label,
+                    "paper_a": vi,
+                    "paper_b": vj,
+                    "paper_diff": vj - vi,
+                    "paper_verified": ri.verified and rj.verified,
+                    "ours": d,
+                    "verdict": _verdict(vj - vi, d),
+                }
+            )
     return out
