@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup smoke test test-fast bench bench-dvc clean-results
+.PHONY: setup lint smoke test test-fast bench bench-dvc clean-results
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,12 @@ smoke: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro study-smoke
 	@echo "report: reports/smoke/index.html"
 
-test: $(STAMP)
+# ruff first: a lint or format error fails CI before the long suite starts
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(STAMP) lint
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP)

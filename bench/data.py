@@ -97,7 +97,9 @@ def main() -> int:
             os.environ["TOKENIZERS_PARALLELISM"] = par
             for method in ("plain", "cache"):
                 sp, wall, cpu = timed(
-                    lambda: tokenize_docs(tok, docs, progress=False, word_cache=method == "cache"),
+                    lambda docs=docs, method=method: tokenize_docs(
+                        tok, docs, progress=False, word_cache=method == "cache"
+                    ),
                     args.repeat,
                 )
                 rate = sp.n_tokens / wall
@@ -133,7 +135,9 @@ def main() -> int:
     for name, sp in splits.items():
         for fmt, sent in objectives:
             obj = ObjectiveConfig(format=fmt, sentence=sent, max_seq_len=args.max_seq_len)
-            inst, wall, cpu = timed(lambda: build_instances(sp, obj, special, seed=0, epoch=0), args.repeat)
+            inst, wall, cpu = timed(
+                lambda sp=sp, obj=obj: build_instances(sp, obj, special, seed=0, epoch=0), args.repeat
+            )
             rate = sp.n_tokens / wall
             fill = float(inst.lengths.sum()) / inst.input_ids.size
             inst_rates[(name, fmt, sent)] = rate

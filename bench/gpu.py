@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,7 +119,7 @@ def steady_ours(history: list[dict], warm: int) -> float | None:
     left out): each history line holds its window's tokens/s, and the windows' tokens add up."""
     lines = [h for h in history if "loss" in h and h.get("tokens") is not None]
     toks = secs = 0.0
-    for prev, cur in zip(lines, lines[1:]):
+    for prev, cur in pairwise(lines):
         if prev["step"] >= warm and cur.get("tokens_per_s"):
             d = cur["tokens"] - prev["tokens"]
             toks, secs = toks + d, secs + d / cur["tokens_per_s"]
@@ -252,7 +253,7 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
         return steps / (time.perf_counter() - t0)
 
     sb = SeedBatch(cfg, bert, 2, seeds, rt, total_steps=10**6, warmup=10)
-    idx = lambda b: [batches[b] for batches in per_seed]  # noqa: E731
+    idx = lambda b: [batches[b] for batches in per_seed]
     batched = timed(
         lambda b: sb.step(
             b,
@@ -261,7 +262,7 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
             False,
         )
     )
-    del sb
+    sb = None  # frees the batched model before the sequential one is timed
     model = Classifier(
         bert, 2, cfg.model.dropout, cfg.model.init_range, torch.Generator().manual_seed(0), ft.pooling
     ).to(rt.device)
@@ -321,12 +322,12 @@ def main() -> int:
         print("the baseline uses transformers.Trainer, which needs `accelerate`", file=sys.stderr)
         return 2
     import torch
+    from throughput import ours
 
     from study.data.prepare import prepare_data
     from study.model.bert import model_flops_per_token
     from study.paths import Layout
     from study.pretrain.evaluate import matmul_peak_flops
-    from throughput import ours
 
     args.impl = dict(kv.split("=", 1) for kv in args.impl)  # pydantic parses "true", "max", "2"
     args.corpus = args.corpus or (["embedded"] if args.dry else _corpus_default())
@@ -392,7 +393,7 @@ def main() -> int:
         o["mfu_vs_peak"] = fpt * o["tokens_per_s"] / peak
         o["steady_mfu_vs_peak"] = fpt * o["steady_tokens_per_s"] / peak if o["steady_tokens_per_s"] else None
         save(f"{name}/ours", o)
-        st = lambda r, k: f"{r[k]:,.0f}" if r.get(k) else "-"  # noqa: E731
+        st = lambda r, k: f"{r[k]:,.0f}" if r.get(k) else "-"
         print(
             f"[{name}] ours     {o['tokens_per_s']:,.0f} tok/s over the run, {st(o, 'steady_tokens_per_s')} after "
             f"step {args.warm}  mfu {o['mfu_vs_peak']:.3f} / {o['steady_mfu_vs_peak'] or float('nan'):.3f}  "
@@ -427,7 +428,7 @@ def main() -> int:
             flush=True,
         )
         shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)
-    fmt = lambda name, i: f"{summary[name][i]:.3f}" if name in summary else "nan"  # noqa: E731
+    fmt = lambda name, i: f"{summary[name][i]:.3f}" if name in summary else "nan"
     save("summary", {k: {"ratio": v[0], "mfu": v[1]} for k, v in summary.items()})
     print(
         f"gpu ratio_base={fmt('base', 0)} ratio_gpu={fmt('gpu', 0)} mfu_base={fmt('base', 1)} mfu_gpu={fmt('gpu', 1)}"

@@ -49,11 +49,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     args = ap.parse_args()
 
-    from study.studies.cost import time_pretrain_step
     from study.data.prepare import prepare_data
     from study.paths import Layout
-    from study.studies.spec import load_study
     from study.pretrain.trainer import train_run
+    from study.studies.cost import time_pretrain_step
+    from study.studies.spec import load_study
 
     base = load_study(args.spec).runs[0].config
     prepared = prepare_data(base, Layout(root=Path(args.results)), progress=False)

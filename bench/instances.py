@@ -73,6 +73,7 @@ def masking_ms(split, special, cont, repeat: int) -> None:
     generator) per masking unit, and the ratio against token units in the same run. Moved here from
     tests/test_masking.py::test_speed_32x128, which asserted < 100 ms."""
     import torch
+
     from study.config import MaskingConfig, ObjectiveConfig
     from study.data.instances import build_instances
     from study.data.masking import mask_rows

@@ -111,11 +111,12 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from optuna.trial import TrialState
+
     from study.data.prepare import prepare_data
     from study.paths import Layout
+    from study.pretrain.trainer import train_run
     from study.search import run_search
     from study.studies.spec import load_study
-    from study.pretrain.trainer import train_run
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-search-"))
     work.mkdir(parents=True, exist_ok=True)

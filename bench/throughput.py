@@ -207,9 +207,9 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     from study.data.prepare import prepare_data
-    from study.pretrain.evaluate import matmul_peak_flops
     from study.model.bert import model_flops_per_token
     from study.paths import Layout
+    from study.pretrain.evaluate import matmul_peak_flops
     from study.runtime import cpu_has_bf16
 
     layout = Layout(root=Path(args.out) / "results")

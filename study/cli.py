@@ -188,7 +188,7 @@ def _plan_detect(args, study, layout) -> int:
         bounded=bounded,
         span=span,
     )
-    unit = (lambda v: f"{100 * v:.2g} pp") if bounded else (lambda v: f"{v:.3g}")  # noqa: E731
+    unit = (lambda v: f"{100 * v:.2g} pp") if bounded else (lambda v: f"{v:.3g}")
     seeds = f"{d['seeds']} pre-training seeds" if d["seeds"] else "more than 10,000 pre-training seeds"
     print(
         f"study {study.name}, primary metric {metric}: to detect a difference of {unit(d['effect'])} with "

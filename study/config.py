@@ -111,7 +111,7 @@ class CorpusSource(Strict):
         return v
 
     @model_validator(mode="after")
-    def _needs(self) -> "CorpusSource":
+    def _needs(self) -> CorpusSource:
         if self.kind in ("text", "wikitext", "gutenberg") and not self.path:
             raise ValueError(f"a '{self.kind}' source needs `path`")
         if self.kind == "hf" and not self.name:
@@ -160,7 +160,7 @@ class ObjectiveConfig(Strict):
     dupe_factor: int = Field(default=1, ge=1, le=100)
 
     @model_validator(mode="after")
-    def _compatible(self) -> "ObjectiveConfig":
+    def _compatible(self) -> ObjectiveConfig:
         if self.sentence != "none" and self.format not in ("segment_pair", "sentence_pair"):
             raise ValueError(
                 f"sentence={self.sentence!r} needs format segment_pair or sentence_pair, got {self.format!r}"
@@ -187,7 +187,7 @@ class MaskingConfig(Strict):
     generator: Literal["counter", "numpy"] = "counter"
 
     @model_validator(mode="after")
-    def _sum_to_one(self) -> "MaskingConfig":
+    def _sum_to_one(self) -> MaskingConfig:
         total = self.mask + self.random + self.keep
         if abs(total - 1.0) > 1e-6:
             raise ValueError(
@@ -213,7 +213,7 @@ class ModelConfig(Strict):
     arch: Literal["post_ln", "pre_ln"] = Field(default="post_ln", exclude_if=lambda v: v == "post_ln")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
+    def _heads_divide(self) -> ModelConfig:
         if self.hidden % self.heads:
             raise cross_field_error(
                 "model.heads",
@@ -258,7 +258,7 @@ class TrainConfig(Strict):
         return data
 
     @model_validator(mode="after")
-    def _short_first(self) -> "TrainConfig":
+    def _short_first(self) -> TrainConfig:
         if self.short_fraction > 0 and self.short_len is None:
             raise cross_field_error(
                 "train.short_len",
@@ -268,7 +268,7 @@ class TrainConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _whole_steps(self) -> "TrainConfig":
+    def _whole_steps(self) -> TrainConfig:
         # A step count is whole: the schedule, `study plan`, the search and the figures rounded 2.5 steps
         # four ways (ceil, as is, floor, times the fraction).
         if self.budget == "steps" and self.amount != int(self.amount):
@@ -276,7 +276,7 @@ class TrainConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _micro_batches(self) -> "TrainConfig":
+    def _micro_batches(self) -> TrainConfig:
         # Equal micro-batches on one process; the trainer checks the split across processes (world size).
         if self.batch_size % self.grad_accum:
             raise cross_field_error(
@@ -373,7 +373,7 @@ class ImplConfig(Strict):
     finetune_batched_seeds: bool = False
 
     @model_validator(mode="after")
-    def _static_shapes(self) -> "ImplConfig":
+    def _static_shapes(self) -> ImplConfig:
         if self.compile and self.pad_to != "max":
             raise cross_field_error(
                 "impl.compile",
@@ -400,7 +400,7 @@ class RunConfig(Strict):
     impl: ImplConfig = Field(default_factory=ImplConfig)
 
     @model_validator(mode="after")
-    def _cross(self) -> "RunConfig":
+    def _cross(self) -> RunConfig:
         """Rules between sections, checked when a spec is validated rather than when training or
         fine-tuning reaches them. (Rules that need the data or the world size stay in the trainer.)"""
         positions = self.model.max_positions
@@ -425,7 +425,7 @@ class RunConfig(Strict):
             )
         return self
 
-    def short_phase(self) -> "RunConfig | None":
+    def short_phase(self) -> RunConfig | None:
         """The config the sequence-length warmup's batches are built from (None without one): rows of
         train.short_len tokens, as many token slots per step as a full batch, i.e. batch_size x
         (max_seq_len // short_len) rows (measured: a small batch of short rows leaves the plateau later per

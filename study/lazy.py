@@ -9,7 +9,8 @@ imports a module on first use of one of its names.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def exports(package: str, names: dict[str, str]) -> Callable[[str], Any]:

@@ -12,7 +12,8 @@ tidy table a pre-training metric has task = mode = "pretrain".
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from study.errors import StudyError
 

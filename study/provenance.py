@@ -36,7 +36,7 @@ PACKAGES = (
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def git_info() -> dict:
     def git(*args: str, cwd: Path | None = None) -> str | None:
         try:
@@ -98,7 +98,7 @@ def archive_commit() -> str | None:
 PIPELINE_WRITES = ("pipeline", "dvc.lock", "results", "reports")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_versions() -> dict:
     out = {}
     for name in PACKAGES:

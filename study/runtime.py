@@ -30,8 +30,9 @@ import contextlib
 import os
 import platform
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator
 
 import torch
 from transformers.utils import logging as hf_logging

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from study.config import RunConfig
-from study.report.aggregate import aggregate_study
 from study.paths import Layout
+from study.report.aggregate import aggregate_study
 from study.studies.spec import recipe_values
 
 EVIL = '<script>alert("x")</script> & "quoted" \'label\''
@@ -265,7 +265,7 @@ def build(
                         f"r{int(m * 100)}{int(r * 100)}s{seed}",
                         lab,
                         seed,
-                        dict(zip(keys, (m, k, r))),
+                        dict(zip(keys, (m, k, r), strict=True)),
                         ppl=90 + 20 * r + seed,
                         acc=0.71 - 0.02 * r,
                         rng=rng,

@@ -9,10 +9,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from study.report import stats as S
-
-from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, compare, interpret, summarize
 from study.paths import Layout
+from study.report import stats as S
+from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, compare, interpret, summarize
 
 
 def test_wording():
@@ -109,10 +108,12 @@ def test_comparisons_one_rule_holm_and_primary(tmp_path):
     """comparisons.csv: the primary row is uncorrected at 95% and marked; the other non-cost rows are one
     Holm family whose interval level matches the adjusted p (interval excludes 0 <=> p_adjusted < 0.05);
     cost rows are descriptive; every row carries the MDE from its own SD of differences."""
-    from study.report import stats as S
     import sys
     from pathlib import Path
+
     import pandas as pd
+
+    from study.report import stats as S
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import report_fixtures as rf
@@ -164,6 +165,7 @@ def test_random_baseline_counted_once_and_baseline_gain(tmp_path):
     (3 here), not once per run (which would fake precision), and baseline.csv = pretrained - random."""
     import sys
     from pathlib import Path
+
     import pandas as pd
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -202,6 +204,7 @@ def test_one_random_baseline_per_seed_is_the_unit(tmp_path):
     baseline is the unit (its fine-tune seeds averaged), so n_random counts baselines, not files."""
     import sys
     from pathlib import Path
+
     import pandas as pd
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -245,6 +248,7 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     comparison speaks for that one checkpoint."""
     import sys
     from pathlib import Path
+
     import pandas as pd
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -390,6 +394,7 @@ def test_same_difference_in_every_seed_is_not_beyond_seed_noise(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import report_fixtures as rf
+
     from study.report.render import _comparison_rows, load_study_dir
 
     _, _, out = rf.build(tmp_path, "nsp", failures=False)
@@ -588,6 +593,7 @@ def test_a_pair_without_a_shared_seed_is_kept_and_the_answer_says_so():
     """Seeds 0, 1 ran at a and seed 2 at b: no pair. The row used to vanish and the answer fell back to
     the best level as if no comparison had been asked for; it is kept with n = 0 and the note."""
     from pathlib import Path
+
     from study.report.render import StudyFiles, answer_sentence
 
     t = _tidy({"accuracy": {"nsp": {0: 0.70, 1: 0.71}, "none": {2: 0.75}}})
@@ -614,6 +620,7 @@ def test_an_exact_zero_difference_has_no_mde():
     """Every seed scored the same at both levels: the difference is exactly 0 with p = 1, but an SD of 0
     bounds no hidden effect, so the row has no MDE and the methods do not claim "differences of >= 0.0 pp"."""
     from pathlib import Path
+
     from study.report.aggregate import statistics_note
     from study.report.render import StudyFiles, methods_sentence
 

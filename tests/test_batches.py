@@ -72,7 +72,7 @@ def test_a_batch_is_the_same_for_any_ranks_split_order_and_prefetch(generator, u
     one = Batches(cfg, prepared)
     positions = [(0, 0), (0, 3), (1, 2), (2, 0)]
     want = {pos: one.make(*pos) for pos in positions}
-    for pos, batch in want.items():
+    for batch in want.values():
         assert batch["tokens"] == int(rows(batch)["attention_mask"].sum())
         assert (rows(batch)["labels"] != -100).sum() > 0
     # two ranks, each with 2 micro-batches: the same global rows, the same global token count
@@ -129,7 +129,7 @@ def _masks_by_instance(bt: Batches, epoch: int) -> dict[int, torch.Tensor]:
     out = {}
     for b in range(bt.batches_per_epoch(epoch)):
         labels = rows(bt.make(epoch, b))["labels"]
-        for i, lab in zip(ep.host_perm[b * bt.B : (b + 1) * bt.B].tolist(), labels):
+        for i, lab in zip(ep.host_perm[b * bt.B : (b + 1) * bt.B].tolist(), labels, strict=True):
             out[i] = lab
     return out
 

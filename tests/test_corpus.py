@@ -15,10 +15,10 @@ from study.data.corpus import (
     read_gutenberg,
     read_hf,
     read_text,
+    read_utf8,
     read_wikitext,
     split_sentences,
     strip_gutenberg,
-    read_utf8,
 )
 from study.errors import StudyError
 
@@ -327,7 +327,7 @@ def test_adding_a_source_does_not_move_existing_documents(tmp_path):
     one = load_corpus(_cfg(f"text:{f}"), progress=False)
     two = load_corpus(_cfg(f"text:{f}", f"text:{g}"), progress=False)
     for name in ("train", "valid", "test"):
-        mine = [d for d, o in zip(two.split(name), two.origin[name]) if o == 0]
+        mine = [d for d, o in zip(two.split(name), two.origin[name], strict=True) if o == 0]
         assert mine == one.split(name)
         assert len(two.origin[name]) == len(two.split(name))
     assert [s["documents"] for s in two.per_source] == [400, 50]

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 
 from study.cli import main
+from study.downstream.finetune import result_path
+from study.downstream.tasks import load_task
+from study.paths import Layout
 from study.studies.cost import (
     TOKENS_PER_WORD,
     batch_width,
-    row_lengths,
     finetune_seconds,
+    row_lengths,
     study_finetune_seconds,
 )
-from study.downstream.finetune import result_path
-from study.paths import Layout
 from study.studies.spec import load_study
-from study.downstream.tasks import load_task
 
 SPEC = """
 name: tiny

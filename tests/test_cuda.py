@@ -23,15 +23,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 # the CPU tests' fixtures and helpers: one tiny corpus, one prepared data folder, one config builder
-from test_finetune import make_cfg as finetune_cfg  # noqa: E402
-from test_finetune import make_glue, write_model  # noqa: E402
-from test_model import CFG, VOCAB, batch, sparse_and_full  # noqa: E402
-from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cfg, weights  # noqa: E402,F401
+from test_finetune import make_cfg as finetune_cfg
+from test_finetune import make_glue, write_model
+from test_model import CFG, VOCAB, batch, sparse_and_full
+from test_train import Stop, _stop_at, corpus, data_dir, layout, losses, make_cfg, weights  # noqa: F401 - fixtures pytest finds by name
 
-from study.config import ImplConfig, RunConfig  # noqa: E402
-from study.data.batches import Batches  # noqa: E402
-from study.model.bert import build_model, pretraining_loss  # noqa: E402
-from study.pretrain.trainer import train_run  # noqa: E402
+from study.config import ImplConfig, RunConfig
+from study.data.batches import Batches
+from study.model.bert import build_model, pretraining_loss
+from study.pretrain.trainer import train_run
 
 CUDA = torch.device("cuda")
 
@@ -223,6 +223,7 @@ def test_masks_on_cuda_equal_the_cpu_bitwise(unit, record):
     """masking.generator "counter" (the default) on CUDA rows, keyed by a CUDA tensor: the CPU's masks, bit
     for bit, in every count mode, with and without max_predictions; "numpy" too (drawn on the host)."""
     from test_masking import SP, _batch
+
     from study.config import MaskingConfig
     from study.data.masking import mask_rows, mask_units, reference_masking
 
@@ -238,10 +239,12 @@ def test_masks_on_cuda_equal_the_cpu_bitwise(unit, record):
             cpu = mask_rows(ids, cfg, SP, cont, keys)
             gpu = mask_rows(ids.to(CUDA), cfg, SP, cont.to(CUDA), keys.to(CUDA))
             assert all(t.device.type == "cuda" for t in gpu)
-            diffs[f"{generator}-{count}-{cap}"] = sum(int((a != b.cpu()).sum()) for a, b in zip(cpu, gpu))
+            diffs[f"{generator}-{count}-{cap}"] = sum(
+                int((a != b.cpu()).sum()) for a, b in zip(cpu, gpu, strict=True)
+            )
             g = mask_units(ids.to(CUDA), cfg, SP, cont, torch.Generator().manual_seed(1))
             c = mask_units(ids, cfg, SP, cont, torch.Generator().manual_seed(1))
-            assert all(torch.equal(a, b.cpu()) for a, b in zip(c, g)), (generator, count, cap)
+            assert all(torch.equal(a, b.cpu()) for a, b in zip(c, g, strict=True)), (generator, count, cap)
     ref_cpu = reference_masking(ids, SP, torch.arange(512))
     ref_gpu = reference_masking(ids.to(CUDA), SP, torch.arange(512))
     record(unit=unit, differing_elements=diffs)

@@ -3,6 +3,7 @@ read back without retraining, and no fake curve from a run trained without inter
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +76,8 @@ def test_curve_rows_then_reuse(spec, tmp_path, capsys):
     assert (results / "curves" / f"{run.run_hash}.png").stat().st_size > 0
     # one row per eval: every EVERY steps, and the final eval at the end (not repeated at step 24)
     assert [r["step"] for r in rows] == list(range(EVERY, STEPS + 1, EVERY))
-    assert all(a["tokens"] < b["tokens"] for a, b in zip(rows, rows[1:]))
-    assert all(a["train_s"] < b["train_s"] for a, b in zip(rows, rows[1:]))
+    assert all(a["tokens"] < b["tokens"] for a, b in pairwise(rows))
+    assert all(a["train_s"] < b["train_s"] for a, b in pairwise(rows))
     assert all(0 < r["ref_mode_acc"] < 1 and 0 <= r["ref_mlm_acc"] <= 1 for r in rows)
     # the encoder's spread, and the same questions on rows of the warmup's short length (drawn dash-dot)
     assert all(

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 import study.data.corpus as corpus_mod
 from study.cli import main
 from study.config import RunConfig
 from study.data.prepare import prepare_data, verify
+from study.data.tokens import TokenizedSplit
 from study.errors import StudyError
 from study.paths import Layout
-from study.data.tokens import TokenizedSplit
 
 WORDS = (
     "the cat sat on a mat while dogs ran across green fields and birds sang loudly in tall trees "

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_pipeline import _corpus, _glue
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,7 +131,7 @@ def _chain(root: Path, cmd: list[str], points: list[str]) -> list[str]:
     for point in points:
         proc = _run(root, cmd, point)
         if proc.returncode == -signal.SIGKILL:
-            line = [l for l in proc.stderr.splitlines() if l.startswith("fault: SIGKILL")]
+            line = [ln for ln in proc.stderr.splitlines() if ln.startswith("fault: SIGKILL")]
             landed.append(line[-1] if line else point)
         else:  # the point was not reached: the process finished its work
             assert proc.returncode == 0, proc.stderr[-3000:]
@@ -229,7 +228,7 @@ def test_dvc_repro_survives_kills(reference, tmp_path):
     landed = []
     for point in DVC_POINTS:
         proc = _run(root, ["dvc", "repro"], point)
-        killed = [l for l in proc.stderr.splitlines() + proc.stdout.splitlines() if "fault: SIGKILL" in l]
+        killed = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if "fault: SIGKILL" in ln]
         landed += killed
         if not killed:
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

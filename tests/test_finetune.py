@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import torch
 
+from study.config import RunConfig
+from study.data.tokenizer import train_tokenizer
 from study.downstream import encode as enc_mod
 from study.downstream import finetune as ft_mod
 from study.downstream import probe as probe_mod
-from study.config import RunConfig
-from study.errors import StudyError
 from study.downstream.classifier import Classifier
 from study.downstream.encode import Encoded, collate
 from study.downstream.finetune import finetune_baseline, finetune_run, result_path
+from study.errors import StudyError
 from study.model.bert import build_model
 from study.paths import Layout
-from study.data.tokenizer import train_tokenizer
 from study.runtime import resolve
 
 POS = ["good", "great", "lovely", "superb", "fine", "wonderful"]
@@ -252,8 +252,8 @@ def test_same_seed_same_result(done, tmp_path):
     cached = list((layout.root / ".cache" / "finetune").glob("SST-2-train-*.npz"))
     assert len(cached) == 1
     # the cache round trip gives back exactly what the tokenizer gives
-    from study.downstream.tasks import load_task
     from study.data.tokenizer import load_tokenizer
+    from study.downstream.tasks import load_task
 
     tok = load_tokenizer(layout.run_dir(cfg.run_hash()) / "model")
     data = enc_mod.cap_rows(load_task("SST-2", done["glue"], "train"), 240)

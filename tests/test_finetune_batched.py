@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_finetune import make_cfg, make_glue, write_model  # rootdir-relative, as report_fixtures
 
 from study.config import FinetuneConfig, ModelConfig, RunConfig
 from study.downstream import batched as b_mod
@@ -22,7 +23,6 @@ from study.downstream.encode import Encoded, epoch_batches
 from study.downstream.finetune import finetune_run, result_path
 from study.errors import StudyError
 from study.paths import Layout
-from test_finetune import make_cfg, make_glue, write_model  # rootdir-relative, as report_fixtures
 
 
 def with_(cfg: RunConfig, **sections) -> RunConfig:
@@ -44,7 +44,7 @@ def recording(monkeypatch):
 
     def bat_step(self, step, batch, y, regression, widths=None):
         values = step_bat(self, step, batch, y, regression, widths)
-        for s, v in zip(self.seeds, values):
+        for s, v in zip(self.seeds, values, strict=True):
             rec["losses"].setdefault((rec["task"], s), []).append(v)
         return values
 
@@ -254,7 +254,7 @@ def test_length_groups_keep_the_rows_and_cut_padding():
             assert set(np.concatenate(plain[g : g + 8])) == set(np.concatenate(grouped[g : g + 8]))
             flat = lengths[np.concatenate(grouped[g : g + 8])]
             assert (np.diff(flat) <= 0).all()
-        width = lambda batches: sum(lengths[b].max() * len(b) for b in batches)  # noqa: E731
+        width = lambda batches: sum(lengths[b].max() * len(b) for b in batches)
         assert width(grouped) < 0.7 * width(plain)
     assert [b.tolist() for b in epoch_batches(e, off, 7, 0)] == [
         b.tolist() for b in epoch_batches(e, FinetuneConfig(batch_size=32), 7, 0)

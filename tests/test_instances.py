@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from study.config import ObjectiveConfig
-from study.errors import StudyError
 from study.data.instances import Instances, build_instances, reference_instances, truncation_counts
 from study.data.tokens import SpecialIds, TokenizedSplit
+from study.errors import StudyError
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 

@@ -17,7 +17,6 @@ import torch
 
 from study.config import MaskingConfig, ObjectiveConfig, RunConfig
 from study.data import counter
-from study.errors import StudyError
 from study.data.masking import (
     _non_special_table,
     mask_rows,
@@ -27,6 +26,7 @@ from study.data.masking import (
     select_units,
 )
 from study.data.tokens import SpecialIds
+from study.errors import StudyError
 
 SP = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=1000)
 RATES = [0.05, 0.15, 0.3, 0.5, 0.8]
@@ -104,9 +104,9 @@ def _check_no_specials(ids, inp, lab, sp):
 
 
 # --------------------------------------------------------------------------- synthetic mechanics
-def _batch(b=64, l=128, seed=0):
+def _batch(b=64, length=128, seed=0):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 1000, (b, l), generator=g)
+    ids = torch.randint(5, 1000, (b, length), generator=g)
     ids[:, 0] = SP.cls
     ids[:, 60] = SP.sep
     ids[:, -1] = SP.sep

@@ -104,7 +104,7 @@ def test_chunked_mlm_loss_equals_torch_loss_and_grads(arch, monkeypatch):
     for chunk in (1, 5, 64):
         loss = xent._LinearCrossEntropy.apply(h, w, bias, t, chunk)
         torch.testing.assert_close(loss, ref, rtol=1e-12, atol=1e-12)
-        for got, exp in zip(torch.autograd.grad(2.5 * loss, (h, w, bias)), want):
+        for got, exp in zip(torch.autograd.grad(2.5 * loss, (h, w, bias)), want, strict=True):
             torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-12)
 
 
@@ -145,7 +145,7 @@ def test_host_counts_give_the_boolean_index_loss_and_grads_bitwise():
         o = pretraining_loss(model, **b, accuracy=False, **extra)
         o.loss.backward()
         runs.append((o.loss.detach(), o.mlm_loss.detach(), o.sentence_loss.detach(), grads(model)))
-    for x, y in zip(runs[0][:3], runs[1][:3]):
+    for x, y in zip(runs[0][:3], runs[1][:3], strict=True):
         assert torch.equal(x, y)
     assert runs[0][3].keys() == runs[1][3].keys()
     for n in runs[0][3]:
@@ -173,7 +173,7 @@ def test_same_seed_same_init_and_ambient_rng_untouched():
     after = torch.rand(1)
     b = build_model(CFG, VOCAB, True, ImplConfig(), seed=7)
     assert torch.equal(before, after)
-    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(p, q), n
 
 
@@ -515,7 +515,7 @@ def test_bf16_on_a_cpu_without_bf16_hardware_is_warned_once(monkeypatch):
 
     cpu = torch.device("cpu")
     for has, expect in ((True, 0), (None, 0), (False, 1)):
-        monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: has)
+        monkeypatch.setattr(runtime, "cpu_has_bf16", lambda has=has: has)
         monkeypatch.setattr(runtime, "_WARNED", [])
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")

@@ -186,7 +186,7 @@ def test_preln_model_layout_init_and_surface():
         assert m.bert(input_ids=long).last_hidden_state.shape == (1, PRE.max_positions, PRE.hidden)
     other = build_model(PRE, VOCAB, True, ImplConfig(), seed=1)
     again = build_model(PRE, VOCAB, True, ImplConfig(), seed=1)
-    for (n, p), (_, q2) in zip(other.state_dict().items(), again.state_dict().items()):
+    for (n, p), (_, q2) in zip(other.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(p, q2), n  # seeded init
 
 

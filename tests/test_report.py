@@ -19,23 +19,23 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report_fixtures as rf  # noqa: E402
+import report_fixtures as rf
 
-from study.report import references as R  # noqa: E402
-from study.errors import StudyError  # noqa: E402
-from study.config import RunConfig  # noqa: E402
-from study.paths import Layout  # noqa: E402
+from study.config import RunConfig
+from study.errors import StudyError
+from study.paths import Layout
+from study.report import references as R
 from study.report.render import (
     StudyFiles,
     answer_sentence,
     load_study_dir,
-    provenance_section,  # noqa: E402
+    provenance_section,
     recipe_sentence,
     render_index,
     render_report,
     search_summary,
 )
-from study.studies.spec import load_study  # noqa: E402
+from study.studies.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("nsp", "mask_rate", "depth", "replacement")
@@ -138,10 +138,10 @@ def test_level_matching_and_direction_verdicts():
     t5 = R.load_reference("bert_table5")
     lv = [{"objective.sentence": "nsp"}, {"objective.sentence": "none"}]
     key = ("diff", 0, 1, "SST-2", "finetune", "accuracy")
-    mk = lambda d, noise: {key: {"diff": d, "ci_low": d - 0.01, "ci_high": d + 0.01, "noise": noise}}  # noqa: E731
+    mk = lambda d, noise: {key: {"diff": d, "ci_low": d - 0.01, "ci_high": d + 0.01, "noise": noise}}
     verdict = lambda ours: {
         r["column"]: r["verdict"] for r in R.paper_vs_ours(t5, lv, ours, pairs=[(0, 1)])["rows"]
-    }  # noqa: E731
+    }
     assert verdict(mk(-0.02, False))["SST-2"] == "agrees"  # paper: No NSP 92.6 < 92.7
     assert verdict(mk(+0.02, False))["SST-2"] == "disagrees"
     assert verdict(mk(-0.02, True))["SST-2"].startswith("ours is within seed noise (point estimate agrees")
@@ -341,7 +341,7 @@ def _answer_of(interpretation: str, gains: list[tuple[float, float]], task: str 
     baseline = pd.DataFrame(
         [
             {"task": task, "mode": mode, "metric": metric, "f": lv, "diff": g, "ci_low": lo}
-            for lv, (g, lo) in zip("xy", gains)
+            for lv, (g, lo) in zip("xy", gains, strict=True)
         ]
     )
     sf = StudyFiles(
@@ -855,7 +855,7 @@ def test_report_in_headless_chromium(rendered, tmp_path):
     assert result["n"] == n_figs >= 2
     assert all(w > 0 for w in result["widths"]), result
     assert result["errs"] == [] and result["csp"] == [], result
-    console = [l for l in stderr.splitlines() if "CONSOLE" in l and "_probe_" in l]
+    console = [ln for ln in stderr.splitlines() if "CONSOLE" in ln and "_probe_" in ln]
     assert console == [], console
     render_index(out.parent.parent)
     result, _ = _open_in_chromium(out.parent.parent / "index.html", tmp_path)
@@ -908,6 +908,7 @@ def test_a_depth_studys_scale_lists_its_shapes_smallest_first():
     """The "Ours:" scale line of a study over depth names every shape in order of size, not in the order
     the aggregate lists its runs (hash order)."""
     from types import SimpleNamespace
+
     from study.report.papers import our_scale
 
     configs = {

@@ -210,6 +210,7 @@ def test_step_pruner_needs_evaluations(tmp_path, corpus):
 
 def test_cli_bad_input_exits_2_before_writing(tmp_path, corpus, capsys, monkeypatch):
     import optuna
+
     from study.search.cli import main
 
     res = tmp_path / "results"
@@ -311,6 +312,7 @@ def test_trial_is_the_grid_run(tmp_path, corpus):
 def test_sampler_is_seeded_per_trial_number():
     """Workers started together must not propose the same points; the same trial number replays."""
     import optuna
+
     from study.search.samplers import make_sampler
     from study.studies.searchspec import SearchSpec
 
@@ -348,6 +350,7 @@ def searched(tmp_path_factory, corpus, results):
 
 def test_search_trials_are_ordinary_runs(searched, results):
     from optuna.trial import TrialState
+
     from study.io import read_json
     from study.search import load_search
     from study.search.configs import trial_config
@@ -385,7 +388,7 @@ def test_search_trials_are_ordinary_runs(searched, results):
     assert TrialState.COMPLETE in states
     rows = list(csv.DictReader((results / "search" / "tiny" / "trials.csv").open()))
     assert [int(r["number"]) for r in rows] == [t.number for t in trials]
-    for r, t in zip(rows, trials):
+    for r, t in zip(rows, trials, strict=True):
         assert r["state"] == t.state.name and r["run_hash"] == t.user_attrs["run_hash"]
         assert int(r["tokens"]) == t.user_attrs["tokens"]
         assert json.loads(r["params"]).keys() == t.params.keys()
@@ -393,6 +396,7 @@ def test_search_trials_are_ordinary_runs(searched, results):
 
 def test_trial_equal_to_a_done_run_reuses_it(searched, results, tmp_path, corpus):
     from optuna.trial import TrialState
+
     from study.io import read_json
     from study.search import run_search
 
@@ -424,6 +428,7 @@ def test_search_then_report_names_the_best_trials_parameters(tmp_path, corpus, r
     import html as html_lib
 
     import pandas as pd
+
     from study.cli import main as study_main
     from study.metrics import param_column
     from study.search.configs import tidy
@@ -608,10 +613,11 @@ def test_trial_failed_as_stale_by_another_worker_does_not_end_this_worker(tmp_pa
     the worker warns and goes on to its next trial instead of dying with exit 1 (a CI failure seen under load)."""
     import optuna
     from optuna.trial import TrialState
+
+    from study.pretrain.trainer import train_run
     from study.search import run_search
     from study.search.storage import open_storage
     from study.studies.searchspec import SearchSpec
-    from study.pretrain.trainer import train_run
 
     search = tiny_search(n_trials=1, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15]})
     spec = write_spec(tmp_path / "stale.yaml", corpus, search)
@@ -644,11 +650,12 @@ def test_two_retries_of_one_dead_trial_run_its_grid_point_once(tmp_path, corpus)
     finds the point held by the first and stands aside, marked, without counting as a failure."""
     import optuna
     from optuna.trial import TrialState
+
+    from study.pretrain.trainer import train_run
     from study.search import run_search
     from study.search.storage import open_storage
     from study.search.trials import trials_rows
     from study.studies.searchspec import SearchSpec
-    from study.pretrain.trainer import train_run
 
     search = tiny_search(
         n_trials=2, sampler={"kind": "grid", "seed": 0}, params={"masking.rate": [0.15, 0.3]}
@@ -694,6 +701,7 @@ def test_of_two_running_trials_on_one_grid_point_the_first_started_holds_it():
     the one that started first. A failed one holds nothing (its retry takes over)."""
     import optuna
     from optuna.trial import TrialState, create_trial
+
     from study.search.grid import grid_point_holder
 
     ost = optuna.create_study(sampler=optuna.samplers.GridSampler({"x": [1, 2]}, seed=0))
@@ -726,10 +734,11 @@ def test_a_journal_retry_is_not_failed_by_the_heartbeat_it_inherited(tmp_path, m
     heartbeat is one of them. Read as the retry's own, it made the retry look dead from the moment a worker
     popped it until its first beat: another worker failed it, then its retry, until max_retry ran out and
     the grid point was lost (CI of stop 27: 5 of 6 grid trials finished)."""
+    from types import SimpleNamespace
+
     import optuna
     from optuna.storages import fail_stale_trials
     from optuna.trial import TrialState
-    from types import SimpleNamespace
 
     from study.search import storage
     from study.search.storage import HEARTBEAT_ATTR, open_storage
@@ -783,6 +792,7 @@ def test_a_worker_does_not_leave_a_dead_trial_running_once_enough_trials_finishe
     storage). It must stay until the heartbeat fails the trial, then run its retry, and only then leave."""
     import optuna
     from optuna.trial import TrialState
+
     from study.search import run_search
     from study.search.storage import open_storage
     from study.studies.searchspec import SearchSpec
@@ -820,6 +830,7 @@ def test_wilcoxon_prunes_across_seeds(tmp_path, corpus, results):
     """One value per pre-training seed; a trial worse than the best on every seed so far is cut before
     its last seed (2 seeds worse: one-sided exact p = 0.25 < 0.5)."""
     from optuna.trial import TrialState
+
     from study.search import run_search
 
     search = tiny_search(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from study.cli import main
-from study.errors import StudyError
 from study.config import RunConfig
+from study.errors import StudyError
 from study.studies.spec import load_study
 from study.studies.sync import is_stale
 

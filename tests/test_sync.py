@@ -275,6 +275,7 @@ def test_a_stamp_sees_a_same_size_rewrite_whose_mtime_was_restored(tmp_path):
     stale. ctime cannot be set back: it is in the key now."""
     import os
     import time
+
     from study.studies.sync import _Digests
 
     root, cache = tmp_path / "run", tmp_path / "cache.json"

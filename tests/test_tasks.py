@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from study.errors import StudyError
 from study.downstream.tasks import SPLITS, TASKS, compute_metrics, get_task, load_task
+from study.errors import StudyError
 
 
 # --------------------------------------------------------------------------- metrics

@@ -23,9 +23,8 @@ import torch
 
 from study.config import RunConfig
 from study.data.corpus import with_fingerprint
-from study.errors import Diverged, StudyError
+from study.errors import EXIT_INTERRUPTED, Diverged, Interrupted, StudyError
 from study.paths import Layout
-from study.errors import EXIT_INTERRUPTED, Interrupted
 from study.pretrain.checkpoint import read_checkpoint
 from study.pretrain.evaluate import short_reference_set
 from study.pretrain.schedule import lr_curve
@@ -801,7 +800,10 @@ def test_threads_do_not_change_the_loss_curve(corpus, layout):
         lay = layout(f"t{n}")
         found = seen[n] = set()
         m = train_run(
-            cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: found.add(torch.get_num_threads())
+            cfg,
+            lay,
+            quiet=True,
+            on_eval=lambda step, tokens, ev, found=found: found.add(torch.get_num_threads()),
         )
         curves[n], evals[n] = np.array(losses(lay.run_dir(cfg.run_hash()))), m
     assert seen == {1: {1}, 2: {2}}
@@ -875,7 +877,7 @@ def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
     parts = Batches(cfg, prepared).make(0, 1)["parts"]
     padded = pad_parts(parts, 64, prepared.special.pad)
     assert min(p["tensors"]["input_ids"].shape[1] for p in parts) < 64  # something to pad
-    for a, b in zip(parts, padded):
+    for a, b in zip(parts, padded, strict=True):
         ta, tb = a["tensors"], b["tensors"]
         w = ta["input_ids"].shape[1]
         assert all(

@@ -61,7 +61,7 @@ def micro_batches(
         [torch.stack([(labels[s] != IGNORE).sum(), (sentence_label[s] >= 0).sum()]) for s in slices]
     ).tolist()
     parts = []
-    for s, (n_mlm, n_sent) in zip(slices, counts):
+    for s, (n_mlm, n_sent) in zip(slices, counts, strict=True):
         width = int(lengths[s].max())
         parts.append(
             {

@@ -22,9 +22,9 @@ import functools
 import hashlib
 import importlib.util
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 
@@ -252,7 +252,7 @@ def read_embedded() -> Iterator[Doc]:
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki
 
     with bz2.open(embedded_path(), "rb") as f:
-        for title, text, _pageid in extract_pages(f):
+        for _title, text, _pageid in extract_pages(f):
             if not text or text.lstrip().lower().startswith("#redirect"):
                 continue
             plain = _WIKI_EMPHASIS.sub(

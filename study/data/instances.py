@@ -40,8 +40,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from study.config import ObjectiveConfig
-from study.errors import StudyError
 from study.data.tokens import SpecialIds, TokenizedSplit
+from study.errors import StudyError
 
 REFERENCE_SEED = 1234
 _TAG = 0x1257  # keeps instance streams apart from other streams derived from the same run seed
@@ -73,11 +73,11 @@ class Instances:
         """int8 [N, L]: 1 on the first `lengths[i]` positions of row i."""
         return (np.arange(self.max_seq_len)[None, :] < self.lengths[:, None]).astype(np.int8)
 
-    def take(self, index) -> "Instances":
+    def take(self, index) -> Instances:
         return Instances(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     @classmethod
-    def concat(cls, parts: list["Instances"]) -> "Instances":
+    def concat(cls, parts: list[Instances]) -> Instances:
         return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)})
 
 
@@ -280,7 +280,8 @@ def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator
     la, lb = a_full[:, 1] - a_full[:, 0], b_full[:, 1] - b_full[:, 0]
     # BERT's truncate_seq_pair: counts in closed form, each removed token from the front w.p. 1/2
     cuts = np.array(
-        [truncation_counts(x, y, max_tokens) for x, y in zip(la.tolist(), lb.tolist())], dtype=np.int64
+        [truncation_counts(x, y, max_tokens) for x, y in zip(la.tolist(), lb.tolist(), strict=True)],
+        dtype=np.int64,
     ).reshape(-1, 2)
     front_a = rng.binomial(cuts[:, 0], 0.5)
     front_b = rng.binomial(cuts[:, 1], 0.5)
@@ -392,8 +393,11 @@ def _full_blocks(split: TokenizedSplit, L: int, special: SpecialIds, rng: np.ran
     ends = ends - is_sep[ends - 1]
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
+
     # stream -> ids coordinates: subtract the separators before the position
-    to_ids = lambda p: p - np.searchsorted(sep_pos, p, side="left")
+    def to_ids(p):
+        return p - np.searchsorted(sep_pos, p, side="left")
+
     a_span = np.stack([to_ids(starts), to_ids(ends)], axis=1)
     return _single(split, stream, starts, ends - starts, a_span, L, special)
 

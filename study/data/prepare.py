@@ -36,10 +36,10 @@ import numpy as np
 
 from study.config import RunConfig
 from study.data.corpus import fingerprint, with_fingerprint
+from study.data.tokens import SpecialIds, TokenizedSplit
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, file_lock, read_json, sha256_file
 from study.paths import Layout
-from study.data.tokens import SpecialIds, TokenizedSplit
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
     for name, sp in splits.items():
         base["splits"][name]["tokens"] = sp.n_tokens
         np.add.at(source_tokens, np.asarray(corpus.origin[name], dtype=np.int64), _per_doc_tokens(sp))
-    for src, n in zip(base["sources"], source_tokens):
+    for src, n in zip(base["sources"], source_tokens, strict=True):
         src["tokens"] = int(n)
     stats = {
         "data_hash": cfg.data_hash(),
@@ -286,7 +286,7 @@ def describe(prepared: PreparedData, n: int = 3) -> str:
         pieces = []
         n_tok = int(inst.lengths[i])
         for tid, inp, lab in zip(
-            ids[i, :n_tok].tolist(), inputs[i, :n_tok].tolist(), labels[i, :n_tok].tolist()
+            ids[i, :n_tok].tolist(), inputs[i, :n_tok].tolist(), labels[i, :n_tok].tolist(), strict=True
         ):
             orig = tok.convert_ids_to_tokens(tid)
             if lab < 0:

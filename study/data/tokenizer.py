@@ -15,6 +15,7 @@ import itertools
 import json
 import re
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,7 @@ def learn_wordpiece(
     pair_count: dict[tuple[int, int], int] = {}
     where: dict[tuple[int, int], set[int]] = {}
     for i, seq in enumerate(seqs):
-        for p in zip(seq, seq[1:]):
+        for p in pairwise(seq):
             pair_count[p] = pair_count.get(p, 0) + counts[i]
             where.setdefault(p, set()).add(i)
     heap = [(-c, toks[a], toks[b], a, b) for (a, b), c in pair_count.items()]
@@ -145,9 +146,9 @@ def learn_wordpiece(
                     j += 1
             if not hit:
                 continue
-            for p in zip(seq, seq[1:]):
+            for p in pairwise(seq):
                 delta[p] = delta.get(p, 0) - n
-            for p in zip(out, out[1:]):
+            for p in pairwise(out):
                 delta[p] = delta.get(p, 0) + n
                 where.setdefault(p, set()).add(i)
             seqs[i] = out
@@ -282,7 +283,7 @@ def _encode_keys(backend, keys: list[str], progress: bool) -> tuple[np.ndarray, 
     ):
         batch = groups[g0 : g0 + _TEXTS_PER_CALL]
         encs = backend.encode_batch([" ".join(g) for g in batch], add_special_tokens=False)
-        for g, enc in zip(batch, encs):
+        for g, enc in zip(batch, encs, strict=True):
             key_starts = np.zeros(len(g), dtype=np.int64)
             np.cumsum([len(k) + 1 for k in g[:-1]], out=key_starts[1:])
             tok_starts = np.fromiter((o[0] for o in enc.offsets), dtype=np.int64, count=len(enc.ids))

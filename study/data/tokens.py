@@ -53,7 +53,7 @@ class TokenizedSplit:
         return range(int(self.doc_starts[d]), int(self.doc_starts[d + 1]))
 
     @classmethod
-    def from_lists(cls, docs: list[list[list[int]]]) -> "TokenizedSplit":
+    def from_lists(cls, docs: list[list[list[int]]]) -> TokenizedSplit:
         """Build from nested python lists: docs -> sentences -> token ids (tests, fixtures)."""
         sent_lens = [len(s) for d in docs for s in d]
         ids = np.fromiter((t for d in docs for s in d for t in s), dtype=np.int32, count=sum(sent_lens))
@@ -66,6 +66,7 @@ class TokenizedSplit:
     def save(self, path: Path) -> None:
         """Write as one .npz, atomically (study.io)."""
         import io
+
         from study.io import atomic_write_bytes
 
         buf = io.BytesIO()
@@ -73,6 +74,6 @@ class TokenizedSplit:
         atomic_write_bytes(path, buf.getvalue())
 
     @classmethod
-    def load(cls, path: Path) -> "TokenizedSplit":
+    def load(cls, path: Path) -> TokenizedSplit:
         with np.load(path) as z:
             return cls(z["ids"], z["sent_starts"], z["doc_starts"])

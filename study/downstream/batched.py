@@ -77,7 +77,7 @@ class _Draws:
         """Per-seed keep-mask / (1 - p) of `shape`: seed k's drawn at its own width along `seq_dims`, padded
         (dropped) to the step's width."""
         draws = []
-        for g, w in zip(self.gens, self.widths):
+        for g, w in zip(self.gens, self.widths, strict=True):
             own = [w if d in seq_dims else n for d, n in enumerate(shape)]
             pad = [x for d in reversed(range(len(shape))) for x in (0, shape[d] - own[d])]
             draws.append(F.pad(torch.rand(own, generator=g, device=device), pad, value=1.0))
@@ -302,7 +302,7 @@ class SeedBatch:
         (from the mask when not given). Returns the K losses (one device sync per step, as the sequential
         loop's loss.item()). A non-finite loss raises FloatingPointError before any update."""
         if self.dropout:
-            for g, seed in zip(self.gens, self.seeds):
+            for g, seed in zip(self.gens, self.seeds, strict=True):
                 g.manual_seed(dropout_seed(seed, step))
             _DRAWS.gens = self.gens
             _DRAWS.widths = widths or batch["attention_mask"].sum(-1).amax(-1).tolist()
@@ -312,7 +312,7 @@ class SeedBatch:
             _DRAWS.gens, _DRAWS.widths, _DRAWS.index = [], [], None
         losses = vmap(lambda lg, t: task_loss(regression, lg, t))(logits, y)
         values = losses.tolist()
-        bad = [s for s, v in zip(self.seeds, values) if not math.isfinite(v)]
+        bad = [s for s, v in zip(self.seeds, values, strict=True) if not math.isfinite(v)]
         if bad:
             raise FloatingPointError(
                 f"non-finite fine-tuning loss {[values[self.seeds.index(s)] for s in bad]} "

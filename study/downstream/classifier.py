@@ -8,7 +8,7 @@ use the same loss, constants and schedule in their own vmapped step.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

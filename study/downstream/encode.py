@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from study.config import FinetuneConfig
-from study.downstream.tasks import HUB, TaskData
 from study.data.corpus import file_digest
+from study.downstream.tasks import HUB, TaskData
 from study.io import atomic_write_bytes, hash_obj
 from study.paths import Layout
 

@@ -44,15 +44,16 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from study.config import RunConfig
+from study.data.corpus import file_digest
 from study.data.prepare import prepare_data
 from study.data.tokenizer import load_tokenizer
 from study.downstream import batched
@@ -61,7 +62,6 @@ from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_ba
 from study.downstream.probe import probe
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
 from study.errors import StudyError
-from study.data.corpus import file_digest
 from study.io import atomic_write_json, file_lock, hash_obj, read_json
 from study.model.bert import build_model
 from study.model.load import load_pretrained

@@ -192,7 +192,7 @@ class TaskData:
     def __len__(self) -> int:
         return len(self.text_a)
 
-    def subset(self, idx: np.ndarray) -> "TaskData":
+    def subset(self, idx: np.ndarray) -> TaskData:
         idx = np.asarray(idx, dtype=np.int64)
         return TaskData(
             self.task,

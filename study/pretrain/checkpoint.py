@@ -31,13 +31,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
-from study.errors import Interrupted
 from study.io import atomic_write_bytes
 from study.runtime import Dist, all_reduce_sum
 

@@ -29,6 +29,7 @@ import bisect
 import csv
 import io
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from study.config import RunConfig
@@ -134,7 +135,7 @@ def curve_rows(run: RunDir) -> list[dict]:
 def eval_interval(rows: list[dict]) -> int | None:
     """The step interval of the intermediate evals (the last eval falls at the end, whatever K was)."""
     steps = [r["step"] for r in rows]
-    gaps = sorted({b - a for a, b in zip(steps, steps[1:])})
+    gaps = sorted({b - a for a, b in pairwise(steps)})
     return gaps[0] if gaps else None
 
 

@@ -107,8 +107,8 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     """Valid instances with the run's objective (fixed seed) for NSP/SOP accuracy; None without a task."""
     if cfg.objective.sentence == "none":
         return None
-    from study.errors import StudyError
     from study.data.instances import build_instances
+    from study.errors import StudyError
 
     try:
         inst = build_instances(
@@ -275,7 +275,7 @@ def device_sync(dev: torch.device) -> None:
         torch.mps.synchronize()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def matmul_peak_flops(
     device: str = "cpu", n: int = 2048, budget_s: float = 0.5, dtype: torch.dtype = torch.float32
 ) -> float:

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
 from study.config import RunConfig
 from study.data.prepare import prepare_data
 from study.errors import StudyError
+from study.model.load import load_pretrained
 from study.paths import Layout
 from study.pretrain.evaluate import evaluate, reference_set, sentence_set, short_reference_set
 from study.provenance import provenance
 from study.rundir import RunDir
-from study.model.load import load_pretrained
 from study.runtime import compute_init
 
 # Scoring the same weights on another thread count or device reorders float sums: the loss moves in
@@ -116,7 +116,7 @@ def rescore_run(cfg: RunConfig, layout: Layout, quiet: bool = True) -> Rescored:
         rd.write_metrics({**stored, **{k: now[k] for k in out.added}})
         meta.setdefault("rescores", []).append(
             {
-                "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "added": out.added,
                 "deviation": dev,
                 "device": str(rt.device),

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -182,7 +182,7 @@ def read_steps(results: list[StepResult]) -> list[StepValues]:
             r.masked if r.masked is not None else int(row[4]),
             r.positions if r.positions is not None else int(row[5]),
         )
-        for r, row in zip(results, rows)
+        for r, row in zip(results, rows, strict=True)
     ]
 
 

@@ -51,9 +51,9 @@ import shutil
 import sys
 import time
 import warnings
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -195,7 +195,7 @@ def _seed_dropout(seed: int, rank: int) -> None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------- the run
@@ -437,7 +437,7 @@ class Trainer:
         stop at the first non-finite one or add them to the log window and the counters."""
         st, win, clip = self.state, self.state.window, self.cfg.train.clip
         pending, self.pending = self.pending, []
-        for (step, _), v in zip(pending, read_steps([r for _, r in pending])):
+        for (step, _), v in zip(pending, read_steps([r for _, r in pending]), strict=True):
             if not finite(v.loss) or (clip > 0 and not finite(v.grad_norm)):
                 self._diverged(v.loss, v.grad_norm, step)
             st.positions, st.masked, st.last_loss, self.grad_norm = (
@@ -558,7 +558,7 @@ class Trainer:
                 win = st.window
                 for k, v in (("n", 1), ("tokens", batch["tokens"]), ("s", dt)):
                     win[k] += v
-                bar.update((1 if t.budget == "steps" else batch["tokens"] if t.budget == "tokens" else dt))
+                bar.update(1 if t.budget == "steps" else batch["tokens"] if t.budget == "tokens" else dt)
                 if log_now:
                     tps = win["tokens"] / win["s"] if win["s"] else None
                     self._log(

@@ -22,8 +22,8 @@ from study.errors import StudyError
 from study.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from study.metrics import COST_METRICS, PRETRAIN, PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
-from study.rundir import RunDir
 from study.report import stats as S
+from study.rundir import RunDir
 
 NOISE_WORDS = "indistinguishable from noise"
 TOO_FEW_WORDS = "too few seeds for an interval"
@@ -67,12 +67,12 @@ def holm_family(
     "no test" (the same difference in every seed)."""
     fam = [
         i
-        for i, (k, p) in enumerate(zip(keys, ps))
+        for i, (k, p) in enumerate(zip(keys, ps, strict=True))
         if np.isfinite(p) and k != primary and k[2] not in COST_METRICS
     ]
     adj, lev = S.holm([ps[i] for i in fam]), S.holm_levels([ps[i] for i in fam])
     out = []
-    for i, (k, p) in enumerate(zip(keys, ps)):
+    for i, (k, p) in enumerate(zip(keys, ps, strict=True)):
         if i in fam:
             j = fam.index(i)
             out.append(
@@ -347,7 +347,7 @@ def summarize(tidy: pd.DataFrame, factor_keys: list[str]) -> pd.DataFrame:
         iv = S.mean_interval(g["value"])  # iv.n: the finite units the mean and the interval use
         rows.append(
             {
-                **dict(zip(by, key)),
+                **dict(zip(by, key, strict=True)),
                 "mean": g["value"].mean(),
                 "std": g["value"].std(ddof=1),
                 "n": iv.n,
@@ -481,7 +481,9 @@ def compare(
     first = [S.paired_interval(p[2], p[1]) for p in pairs]
     fam = holm_family([p[0] for p in pairs], [iv.p for iv in first], primary, [iv.n for iv in first])
     rows = []
-    for ((task, mode, metric), a, b, n_a, n_b, n_any, averaged), iv0, h in zip(pairs, first, fam):
+    for ((task, mode, metric), a, b, n_a, n_b, n_any, averaged), iv0, h in zip(
+        pairs, first, fam, strict=True
+    ):
         iv = S.paired_interval(b, a, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         words = interpret(
             iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]), method=iv.method
@@ -573,7 +575,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str], primary: tuple | N
     found = []
     for key, g in pre.groupby(by, dropna=False):
         sel = np.ones(len(rnd), dtype=bool)
-        for k, v in zip(by, key):
+        for k, v in zip(by, key, strict=True):
             sel &= (rnd[k].isna() if pd.isna(v) else (rnd[k] == v)).to_numpy()
         if sel.any():
             found.append(
@@ -590,7 +592,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str], primary: tuple | N
         keys, [iv.p for iv in first], primary if keys.count(primary) == 1 else None, ns=[iv.n for iv in first]
     )
     rows = []
-    for (key, g, r, one), iv0, h in zip(found, first, fam):
+    for (key, g, r, one), iv0, h in zip(found, first, fam, strict=True):
         iv = S.welch_interval(g, r, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         sizes = (
             f"n={len(g)} fine-tuning seeds of one pre-trained model, {len(r)} random"
@@ -607,7 +609,7 @@ def baseline_gain(tidy: pd.DataFrame, factor_keys: list[str], primary: tuple | N
             words = f"pre-training {'raises' if iv.low > 0 else 'lowers'} it beyond seed noise ({sizes})"
         rows.append(
             {
-                **dict(zip(by, key)),
+                **dict(zip(by, key, strict=True)),
                 "mean_pretrained": g.mean(),
                 "mean_random": r.mean(),
                 "diff": iv.estimate,

@@ -16,10 +16,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on CI or in DVC stages
-import matplotlib.pyplot as plt  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import seaborn as sns
 
-from study.io import atomic_write_bytes  # noqa: E402
+from study.io import atomic_write_bytes
 
 
 def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt.Figure:
@@ -27,7 +27,7 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
     and where present ref_mask_acc, drawn dotted, and short_mask_acc, dash-dot)."""
     sns.set_theme(style="whitegrid", context="notebook", font_scale=0.8)
     fig, axes = plt.subplots(2, 2, figsize=(9.0, 6.4), squeeze=False)
-    colours = dict(zip(curves, sns.color_palette(n_colors=max(len(curves), 1))))
+    colours = dict(zip(curves, sns.color_palette(n_colors=max(len(curves), 1)), strict=False))
     # The floor is a property of the reference set: constant along a curve, and the same line for every
     # curve that shares the vocabulary and sequence length, so it is drawn once per distinct value.
     floors: dict[float, list[str]] = {}

@@ -20,14 +20,14 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # headless: no display on CI or in DVC stages
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.ticker import FuncFormatter
 
-from study.metrics import COST_METRICS, parse_metric  # noqa: E402
-from study.report.aggregate import canon  # noqa: E402,F401 - one rule for levels; papers and render use F.canon
+from study.metrics import COST_METRICS, parse_metric
+from study.report.aggregate import canon  # noqa: F401 - one rule for levels; papers and render use F.canon
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
@@ -170,7 +170,7 @@ def _panel_vs_x(ax, g: pd.DataFrame, x: str, label: str | None = None, **kw) -> 
     )
     if xs is None:
         ax.set_xticks(range(len(g)), g["_x"])
-    for xv, (_, r) in zip(g["_x"] if xs is not None else range(len(g)), g.iterrows()):
+    for xv, (_, r) in zip(g["_x"] if xs is not None else range(len(g)), g.iterrows(), strict=True):
         if int(r["n"]) < 2:
             ax.annotate("n=1", (xv, r["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     return True
@@ -253,7 +253,7 @@ def training_curves(
     # (variable-length instances), and averaging over unaligned x values would draw a sawtooth.
     fig, axes = _fig(len(panels), width=7.0 if len(panels) == 1 else 5.0, height=3.6)
     switch = _short_switch_steps(c, recipe)
-    for ax, (col, ylabel) in zip(axes, panels):
+    for ax, (col, ylabel) in zip(axes, panels, strict=True):
         # Min-max band, not a bootstrap: curves have hundreds of steps and the band is only a visual aid.
         sns.lineplot(data=c.dropna(subset=[col]), x="step", y=col, hue="label", errorbar=("pi", 100), ax=ax)
         for x in switch:
@@ -347,7 +347,7 @@ def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
 
 def _no_interval_notes(ax, xs, ys, g: pd.DataFrame) -> None:
     """Label the bare points (no interval: n<3, or none drawn) and pad the axes so no point sits on an edge."""
-    for x, y, r in zip(xs, ys, g.itertuples()):
+    for x, y, r in zip(xs, ys, g.itertuples(), strict=True):
         if not (math.isfinite(r.ci_low) and math.isfinite(r.ci_high)):
             why = f"n={int(r.n)}: no interval" if "n" in g and int(r.n) < 3 else "no interval"
             ax.annotate(why, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
@@ -425,7 +425,7 @@ def replacement(
     order = list(dict.fromkeys(s.sort_values(keys, ascending=False)["level"])) if keys else ["base"]
     random = summary[summary["init"] == "random"] if "init" in summary else summary.iloc[:0]
     random = random.assign(what=random["task"] + " " + random["metric"])
-    for ax, (title, mode, p) in zip(axes, panels):
+    for ax, (title, mode, p) in zip(axes, panels, strict=True):
         ax.set_title(title)
         if p.empty:
             ax.text(0.5, 0.5, f"no {title} scores", ha="center", transform=ax.transAxes)
@@ -491,7 +491,7 @@ def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
         d.skipped = "no per-depth metrics yet"
         return d
     fig, axes = _fig(4, width=3.3)
-    for ax, (ylabel, g) in zip(axes, panels):
+    for ax, (ylabel, g) in zip(axes, panels, strict=True):
         if not _panel_vs_x(ax, g, x):
             ax.text(0.5, 0.5, "no data", ha="center", transform=ax.transAxes)
         ax.set_xlabel(x)

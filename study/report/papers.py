@@ -91,7 +91,7 @@ def our_scale(sf) -> dict:
     so "they used N× our parameters" is never overstated.
     """
     runs, configs = sf.runs, sf.study.get("configs") or {}
-    col = lambda c: runs[c].dropna() if c in runs and runs[c].notna().any() else pd.Series(dtype=float)  # noqa: E731
+    col = lambda c: runs[c].dropna() if c in runs and runs[c].notna().any() else pd.Series(dtype=float)
     params, tokens = col("params"), col("tokens_seen")
     corpus, shapes = "unknown (no run config in the aggregate)", []
     for c in configs.values():

@@ -225,7 +225,7 @@ def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
         )
         if r.get("finetune.seeds"):  # plans written before the seeds and the probe were recorded have none
             counts = [f"{' / '.join(f'{n:,}' for n in ns)} ({t})" for t, ns in (eval_rows or {}).items()]
-            whole = lambda x: "the whole dev set" if x is None else f"at most {x:,} dev rows per task"  # noqa: E731
+            whole = lambda x: "the whole dev set" if x is None else f"at most {x:,} dev rows per task"
             dev = " / ".join(counts) + " dev rows" if counts else v("finetune.max_eval_examples", whole)
             text += (
                 f", {v('finetune.seeds', lambda s: str(len(s)))} fine-tune seeds per encoder, scored on {dev}"
@@ -436,7 +436,8 @@ def _comparison_rows(sf: StudyFiles) -> list[dict]:
     # Downstream first, then pre-training quality, then cost (speed, size) which is rarely the question.
     c = c.assign(
         order=[
-            2 if m in COST_METRICS else (1 if t == "pretrain" else 0) for t, m in zip(c["task"], c["metric"])
+            2 if m in COST_METRICS else (1 if t == "pretrain" else 0)
+            for t, m in zip(c["task"], c["metric"], strict=True)
         ]
     )
     c = c.sort_values(["order", "task", "mode", "metric"], kind="stable")
@@ -533,7 +534,7 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
     Empty when every run at those levels finished."""
     if sf.runs.empty or not factor:
         return ""
-    status = {str(h): str(st) for h, st in zip(sf.runs["run_hash"], sf.runs["status"])}
+    status = {str(h): str(st) for h, st in zip(sf.runs["run_hash"], sf.runs["status"], strict=True)}
     out = []
     for lev in levels:
         runs = _runs_at(sf, factor, (lev,))
@@ -688,7 +689,7 @@ def render_report(
             search=search_summary(sf.trials, search_direction),
             n_runs=len(sf.runs),
             n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
-            generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         )
     )
     atomic_write_text(out_dir / "index.html", html)

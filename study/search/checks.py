@@ -15,8 +15,8 @@ from study.downstream.tasks import TASKS
 from study.errors import StudyError
 from study.metrics import PRETRAIN_METRICS, parse_metric
 from study.search.configs import base_point, corners, resolve_settings, trial_config
-from study.studies.searchspec import SPLIT_KEYS, SearchSpec
 from study.studies.checks import suggest
+from study.studies.searchspec import SPLIT_KEYS, SearchSpec
 from study.studies.spec import Study, known_keys, load_study
 
 

@@ -108,6 +108,7 @@ def write_best(
     """`study search-best`: the best trial as a spec (default <spec folder>/<name>-best.yaml), plus
     trials.csv and best.json under results/search/<name>/."""
     import optuna  # only once a search is read: this package is imported by the CLI
+
     from study.provenance import provenance  # hardware imports torch: only once there is a best to write
 
     study, search = load_search(spec, profile=profile)

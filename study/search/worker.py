@@ -13,8 +13,8 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tqdm.auto import tqdm
 

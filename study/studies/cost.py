@@ -205,7 +205,7 @@ def row_lengths(cfg: RunConfig, layout, data):
     words = np.array(
         [
             len(a.split()) + (len(b.split()) if data.text_b is not None else 0)
-            for a, b in zip(data.text_a, data.text_b or data.text_a)
+            for a, b in zip(data.text_a, data.text_b or data.text_a, strict=True)
         ]
     )
     specials = 3 if data.text_b is not None else 2
@@ -340,7 +340,7 @@ def finetune_seconds(cfg: RunConfig, layout, todo: dict[str, tuple[int, bool]]) 
         if key not in _LENGTHS and ft.glue_dir == HUB:  # not downloaded: published counts at max_length
             n_train, n_dev = (
                 n if cap is None else min(n, cap)
-                for n, cap in zip(HUB_ROWS[task], (ft.max_train_examples, ft.max_eval_examples))
+                for n, cap in zip(HUB_ROWS[task], (ft.max_train_examples, ft.max_eval_examples), strict=True)
             )
             _LENGTHS[key] = (np.full(n_train, ft.max_length), np.full(n_dev, ft.max_length))
         if key not in _LENGTHS:  # a study's runs mostly share one tokenizer and one recipe: read once

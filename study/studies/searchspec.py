@@ -59,7 +59,7 @@ class ParamSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "ParamSpec":
+    def _check(self) -> ParamSpec:
         if self.type is None:
             if self.choices is not None:
                 self.type = "categorical"
@@ -136,7 +136,7 @@ class SearchSpec(_Strict):
     max_retry: int = Field(default=2, ge=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "SearchSpec":
+    def _check(self) -> SearchSpec:
         if isinstance(self.objective, dict) and not self.objective:
             raise ValueError("an objective combination needs at least one {metric: weight}")
         if isinstance(self.objective, dict) and self.direction is None:

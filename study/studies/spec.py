@@ -505,7 +505,7 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     keys = list(spec.factors)
     if keys and spec.design == "grid":
         for combo in itertools.product(*(spec.factors[k] for k in keys)):
-            setting = dict(zip(keys, combo))
+            setting = dict(zip(keys, combo, strict=True))
             points.append((",".join(f"{k}={v}" for k, v in setting.items()), setting))
     elif keys:  # one_at_a_time: the base point, then each level of each factor alone
         points.append(("base", {}))
@@ -517,7 +517,7 @@ def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any
     if not points:
         points.append(("base", {}))
     labels = [p[0] for p in points]
-    dupes = {l for l in labels if labels.count(l) > 1}
+    dupes = {lb for lb in labels if labels.count(lb) > 1}
     if dupes:
         raise StudyError(f"duplicate run labels {sorted(dupes)}", field="runs", source=source)
     return points

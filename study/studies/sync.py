@@ -290,7 +290,7 @@ def study_entry(spec: str, study: Study, root: Path) -> dict:
             # RunConfig's own key (RunConfig.baseline_key), so sync never imports torch; the recipe is the
             # first run's that has it, as in `study finetune`
             baselines.setdefault(cfg.baseline_key(), {"data": dh, "finetune": fh})
-    search, configs = study.spec.search, [r.config for r in study.runs]
+    search = study.spec.search
     return {
         "spec": spec,
         "bases": _bases(root, spec),

@@ -104,7 +104,7 @@ class Reference(_Strict):
     verification: Verification
 
     @model_validator(mode="after")
-    def _values_name_columns(self) -> "Reference":
+    def _values_name_columns(self) -> Reference:
         names = {c.name for c in self.columns}
         for r in self.rows:
             extra = set(r.values) - names
