@@ -341,7 +341,7 @@ def _answer_of(interpretation: str, gains: list[tuple[float, float]], task: str 
     baseline = pd.DataFrame(
         [
             {"task": task, "mode": mode, "metric": metric, "f": lv, "diff": g, "ci_low": lo}
-            for lv, (g, lo) in zip("xy", gains, strict=True)
+            for lv, (g, lo) in zip("xy", gains, strict=False)  # gains may cover only "x"
         ]
     )
     sf = StudyFiles(
