@@ -60,9 +60,9 @@ def _downstream(rows: pd.DataFrame, fmt: Callable[[float], str]) -> tuple:
     span = fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}"
     k, m = int(beat.sum()), len(rows)
     if k:
-        why = f"pre-trained beats random init beyond seed noise at {k} of {m} levels (gains {span})"
+        why = f"pre-trained beats random init beyond seed noise at {k} of {m} levels; gains {span}"
     else:
-        why = f"no level beats random init beyond seed noise (gains {span}, {m} levels)"
+        why = f"no level of {m} beats random init beyond seed noise; gains {span}"
     return bool(k), m, k, lo, hi, why
 
 
