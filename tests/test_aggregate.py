@@ -39,6 +39,10 @@ def _fake_run(layout, h, sentence, seed, ppl, acc):
                 "ref_mlm_loss": float(np.log(ppl)),
                 "ref_ppl": ppl,
                 "ref_mlm_acc": 0.3,
+                # by what the asked position showed ([MASK], another token, its own): evaluation only
+                "ref_mask_acc": 0.2 + 0.01 * seed,
+                "ref_rnd_acc": 0.1 + 0.004 * seed**2 + 0.02 * (sentence == "none"),
+                "ref_keep_acc": 0.9 - 0.01 * seed,
                 "sentence_acc": None,
                 "tokens_seen": 100,
                 "steps": 10,
@@ -102,6 +106,9 @@ def test_aggregate_from_run_folders(tmp_path):
     comp = pd.read_csv(out / "comparisons.csv")
     ppl = comp[comp["metric"] == "ref_ppl"].iloc[0]
     assert ppl["diff"] == pytest.approx(10.0)
+    # the reference accuracy by how the asked position was shown is compared like any pre-training metric
+    rnd = comp[comp["metric"] == "ref_rnd_acc"].iloc[0]
+    assert rnd["diff"] == pytest.approx(0.02) and {"ref_mask_acc", "ref_keep_acc"} <= set(comp["metric"])
 
 
 def test_comparisons_one_rule_holm_and_primary(tmp_path):
