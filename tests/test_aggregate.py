@@ -39,6 +39,10 @@ def _fake_run(layout, h, sentence, seed, ppl, acc):
                 "ref_mlm_loss": float(np.log(ppl)),
                 "ref_ppl": ppl,
                 "ref_mlm_acc": 0.3,
+                # by what the asked position showed ([MASK], another token, its own): evaluation only
+                "ref_mask_acc": 0.2 + 0.01 * seed,
+                "ref_rnd_acc": 0.1 + 0.004 * seed**2 + 0.02 * (sentence == "none"),
+                "ref_keep_acc": 0.9 - 0.01 * seed,
                 "sentence_acc": None,
                 "tokens_seen": 100,
                 "steps": 10,
@@ -102,6 +106,9 @@ def test_aggregate_from_run_folders(tmp_path):
     comp = pd.read_csv(out / "comparisons.csv")
     ppl = comp[comp["metric"] == "ref_ppl"].iloc[0]
     assert ppl["diff"] == pytest.approx(10.0)
+    # the reference accuracy by how the asked position was shown is compared like any pre-training metric
+    rnd = comp[comp["metric"] == "ref_rnd_acc"].iloc[0]
+    assert rnd["diff"] == pytest.approx(0.02) and {"ref_mask_acc", "ref_keep_acc"} <= set(comp["metric"])
 
 
 def test_comparisons_one_rule_holm_and_primary(tmp_path):
@@ -757,3 +764,111 @@ def test_the_dvc_metrics_count_of_runs_on_the_plateau_is_the_reports():
     plan = {"name": "t", "primary_metric": "ref_mlm_acc"}
     m = study_metrics(plan, runs, pd.DataFrame(), None, [])
     assert m["runs"]["not_beyond_mode"] == len(plateau_hashes(runs)) == 1
+
+
+# --------------------------------------------------------------------------- pooled model, sees pre-training
+def _six_levels(seed: int, sds=(1, 1, 1, 1, 1, 1)) -> dict:
+    rng = np.random.default_rng(seed)
+    seeds = rng.normal(0, 0.03, 3)
+    names = ["nsp", "none", "sop", "fs", "ds", "sp"]
+    return {
+        lv: {s: 0.7 + seeds[s] + rng.normal(0, 0.01 * sd) for s in range(3)}
+        for lv, sd in zip(names, sds, strict=True)
+    }
+
+
+def test_compare_uses_the_pooled_level_plus_seed_model_of_every_level():
+    """6 levels x 3 seeds: compare's row is pooled.pooled_interval over all six levels (10 df), its MDE from
+    that model's SD and df; a level missing a seed leaves the pool; a pair whose variance fails the check is
+    the paired t, and the `model` column says which and why."""
+    from study.report import pooled as P
+
+    for seed in range(50):  # a draw that passes the variance check (about half do)
+        v = _six_levels(seed)
+        rest = [[v[lv][s] for s in range(3)] for lv in ("sop", "fs", "ds", "sp")]
+        a, b = ([v[x][s] for s in range(3)] for x in ("nsp", "none"))
+        iv = P.pooled_interval(b, a, rest)
+        if iv.method.startswith(P.POOLED):
+            break
+    r = compare(_tidy({"accuracy": v}), SPEC, ("SST-2", "finetune", "accuracy")).iloc[0]
+    assert (r["ci_low"], r["ci_high"], r["p_value"]) == pytest.approx((iv.low, iv.high, iv.p), rel=1e-12)
+    assert r["model"].startswith(f"{P.POOLED} over 6 levels x 3 seeds (10 df") and r["test"].endswith(
+        f"({P.POOLED})"
+    )
+    assert r["mde"] == pytest.approx(S.mde(iv.sd, 3, df=10), rel=1e-9) and r["mde"] < S.mde(iv.sd, 3)
+    del v["sp"][2]  # level sp lacks seed 2: pooled over the 5 complete levels
+    r = compare(_tidy({"accuracy": v}), SPEC, ("SST-2", "finetune", "accuracy")).iloc[0]
+    rest[3][2] = float("nan")
+    assert r["model"] == P.pooled_interval(b, a, rest).note and "5 levels" in r["model"]
+    two = compare(_tidy({"accuracy": {k: v[k] for k in ("nsp", "none")}}), SPEC).iloc[0]
+    assert two["model"] == "paired t on the two levels" and two["test"] == "paired t-test"
+    wild = _six_levels(0, sds=(1, 30, 1, 1, 1, 1))
+    r = compare(_tidy({"accuracy": wild}), SPEC, ("SST-2", "finetune", "accuracy")).iloc[0]
+    assert (
+        r["model"].startswith("paired t on the two levels: variance check failed")
+        and r["test"] == "paired t-test"
+    )
+
+
+def test_sees_pretraining_rule_and_primary_check():
+    """A downstream metric sees pre-training where some level's baseline interval lies above 0; none
+    judged without an interval; reference metrics by the plateau test; cost metrics never. The primary
+    check says which primary is used and whether it passes."""
+    from study.report.sees import primary_check, sees_pretraining, sees_sentence
+
+    base = pd.DataFrame(
+        [
+            {"task": "SST-2", "mode": "finetune", "metric": "accuracy", "diff": 0.01, "ci_low": -0.01},
+            {"task": "SST-2", "mode": "finetune", "metric": "accuracy", "diff": 0.04, "ci_low": 0.005},
+            {"task": "SST-2", "mode": "probe", "metric": "accuracy", "diff": -0.01, "ci_low": -0.03},
+            {"task": "RTE", "mode": "finetune", "metric": "accuracy", "diff": 0.01, "ci_low": float("nan")},
+        ]
+    )
+    runs = pd.DataFrame({"status": ["done", "done", "failed"], "learned": [True, False, None]})
+    keys = [
+        ("SST-2", "finetune", "accuracy"),
+        ("SST-2", "probe", "accuracy"),
+        ("RTE", "finetune", "accuracy"),
+        ("MRPC", "finetune", "f1"),
+        ("pretrain", "pretrain", "ref_mask_acc"),
+        ("pretrain", "pretrain", "ref_keep_acc"),
+        ("pretrain", "pretrain", "tokens_per_s"),
+    ]
+    s = sees_pretraining(base, runs, keys).set_index(["task", "mode", "metric"])
+    verdicts = [s.loc[k, "sees_pretraining"] for k in keys]
+    assert verdicts == [True, False, None, None, True, None, None]
+    assert s.loc[keys[0], "why"].startswith(
+        "pre-trained beats random init beyond seed noise at 1 of 2 levels"
+    )
+    assert "1 of 2 finished runs" in s.loc[keys[4], "why"]
+    blind = primary_check(("SST-2", "probe", "accuracy"), s.reset_index())
+    assert blind["passes"] is False and blind["metric"] == "SST-2/probe/accuracy"
+    assert "does not see pre-training" in blind["sentence"] and "may not be primary" in blind["sentence"]
+    ok = primary_check(("SST-2", "finetune", "accuracy"), s.reset_index())
+    assert ok["passes"] is True and "so it may be primary" in sees_sentence(ok)
+    assert primary_check(("pretrain", "pretrain", "ref_ppl"), s.reset_index())["passes"] is None
+
+
+def test_aggregate_writes_sees_pretraining_and_the_pooled_model(tmp_path):
+    """nsp_labels (5 labels x 3 seeds, compared by label): comparisons.csv has the model and a sees
+    column, study.json the per-metric table and the primary check; reference accuracy by how the asked
+    position was shown (mask / random / kept) is a tidy metric."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report_fixtures as rf
+
+    from study.metrics import PRETRAIN_METRICS
+
+    assert {"ref_mask_acc", "ref_rnd_acc", "ref_keep_acc"} <= set(PRETRAIN_METRICS)
+    _, _, out = rf.build(tmp_path, "nsp_labels", failures=False)
+    c = pd.read_csv(out / "comparisons.csv")
+    assert c["model"].notna().all() and "sees_pretraining" in c
+    prim = c[c["primary"]].iloc[0]
+    assert str(prim["sees_pretraining"]) == "True"
+    st = json.loads((out / "study.json").read_text())
+    assert st["primary_sees_pretraining"]["passes"] is True
+    assert st["statistics"]["primary"]["model"] == prim["model"]
+    metrics = {r["metric"]: r["sees_pretraining"] for r in st["sees_pretraining"]}
+    assert metrics["ref_mlm_acc"] is True and metrics["tokens_per_s"] is None

@@ -22,6 +22,8 @@ from study.errors import StudyError
 from study.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
 from study.metrics import COST_METRICS, PRETRAIN, PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
+from study.report import pooled as P
+from study.report import sees as SP
 from study.report import stats as S
 from study.rundir import RunDir
 
@@ -175,8 +177,8 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
                 "ref_mode_acc": metrics.get("ref_mode_acc"),
                 "ref_mask_acc": metrics.get("ref_mask_acc"),
                 "ref_mask_mode_acc": metrics.get("ref_mask_mode_acc"),
-                # per run only (no comparisons, so no Holm family grows): the kept and the randomly
-                # replaced asked positions, which BERT Table 8's splits train differently
+                # the kept and the randomly replaced asked positions, which BERT Table 8's splits train
+                # differently: per run here, and tidy rows (summary, comparisons) as PRETRAIN_METRICS
                 "ref_keep_acc": metrics.get("ref_keep_acc"),
                 "ref_rnd_acc": metrics.get("ref_rnd_acc"),
                 "ref_rnd_mode_acc": metrics.get("ref_rnd_mode_acc"),
@@ -383,6 +385,7 @@ COMPARE_COLS = [
     "mde",
     "test",
     "interpretation",
+    "model",  # the pooled level + seed model, or the paired t and why (pooled.pooled_interval's note)
 ]
 
 
@@ -440,7 +443,8 @@ def compare(
     if t.empty:
         return pd.DataFrame(columns=COMPARE_COLS)
     # Levels and cells as canon text: a float64 column (a run without the factor, levels 0.5 and 1) reads 4 as 4.0
-    side = t[fac].map(canon).map({canon(spec["a"]): "a", canon(spec["b"]): "b"})
+    lv = t[fac].map(canon)  # every level with a value stays: the pooled model's other levels (pooled.py)
+    side = lv.map({canon(spec["a"]): "a", canon(spec["b"]): "b"}).fillna(("=" + lv).where(lv != "None"))
     cell = t[others].map(canon).agg("|".join, axis=1) if others else pd.Series("", index=t.index)
     t = t.assign(_side=side, _cell=cell)
     t = t[t["_side"].notna() & np.isfinite(t["value"].to_numpy(dtype=float))]
@@ -465,6 +469,10 @@ def compare(
         full = wa.notna().all(axis=1) & wb.notna().all(axis=1)
         a, b = wa[full].mean(axis=1).to_numpy(), wb[full].mean(axis=1).to_numpy()
         averaged = f" ({AVERAGED_NOTE} {', '.join(others)} within each seed)" if len(shared) > 1 else ""
+        rest = [
+            _level_row(g[g["_side"] == x], seeds, shared)[full.to_numpy()]
+            for x in sorted(set(g["_side"]) - {"a", "b"})
+        ]
         pairs.append(
             (
                 (task, mode, metric),
@@ -474,17 +482,18 @@ def compare(
                 int(has_b.sum()),
                 int((has_a | has_b).sum()),
                 averaged,
+                rest,
             )
         )
     if not pairs:
         return pd.DataFrame(columns=COMPARE_COLS)
-    first = [S.paired_interval(p[2], p[1]) for p in pairs]
+    first = [P.pooled_interval(p[2], p[1], p[7]) for p in pairs]
     fam = holm_family([p[0] for p in pairs], [iv.p for iv in first], primary, [iv.n for iv in first])
     rows = []
-    for ((task, mode, metric), a, b, n_a, n_b, n_any, averaged), iv0, h in zip(
+    for ((task, mode, metric), a, b, n_a, n_b, n_any, averaged, rest), iv0, h in zip(
         pairs, first, fam, strict=True
     ):
-        iv = S.paired_interval(b, a, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
+        iv = P.pooled_interval(b, a, rest, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
         words = interpret(
             iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]), method=iv.method
         )
@@ -514,15 +523,27 @@ def compare(
                 "correction": h["correction"],
                 "primary": h["primary"],
                 # at the alpha this row's test uses (the Holm level for a secondary row); no test, no MDE
-                "mde": S.mde(iv.sd, iv.n, alpha=h["alpha"]) if np.isfinite(iv0.p) else float("nan"),
+                "mde": S.mde(iv.sd, iv.n, alpha=h["alpha"], df=iv.df) if np.isfinite(iv0.p) else float("nan"),
                 "test": _test_name(iv.method, "paired t-test"),
+                "model": iv.note or "paired t on the two levels",
                 "interpretation": words,
             }
         )
     return pd.DataFrame(rows, columns=COMPARE_COLS)
 
 
+def _level_row(rows: pd.DataFrame, seeds: pd.Index, shared: list) -> np.ndarray:
+    # One level's value per seed, averaged over the shared cells as compare averages a and b: NaN where the
+    # seed lacks a cell, so pooled_interval leaves the level out of the pool (a complete block only)
+    w = rows.pivot(index="pretrain_seed", columns="_cell", values="value").reindex(
+        index=seeds, columns=shared
+    )
+    return w.mean(axis=1, skipna=False).to_numpy()
+
+
 def _test_name(method: str, t_name: str) -> str:
+    if method.startswith(P.POOLED):
+        return f"t-test ({P.POOLED})"
     if method.startswith(("t on", "Welch")):
         return t_name
     return "inverted BCa interval" if method.startswith("BCa") else method
@@ -730,6 +751,7 @@ def statistics_note(comps: pd.DataFrame) -> dict:
                 "n": int(r["n"]),
                 "sd_diff": _num(r["sd_diff"]),
                 "mde": _num(r["mde"]),
+                "model": r.get("model"),  # pooled level + seed model or paired t: the SD and MDE are its
             }
     return note
 
@@ -772,9 +794,13 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
         if plan.get("compare")
         else pd.DataFrame()
     )
-    atomic_write_text(out / "comparisons.csv", _csv(comps))
     # Without a `compare`, a one-design-point study's headline is its baseline row: exempt it then only.
     base = baseline_gain(done, c["factor_keys"], None if plan.get("compare") else key)
+    # Which metrics see pre-training (sees.py), per metric the tables list; a column of comparisons.csv too
+    sees = SP.sees_pretraining(base, c["runs"], done[["task", "mode", "metric"]].itertuples(index=False))
+    if len(comps):
+        comps = comps.merge(sees[["task", "mode", "metric", "sees_pretraining"]], how="left")
+    atomic_write_text(out / "comparisons.csv", _csv(comps))
     atomic_write_text(out / "baseline.csv", _csv(base))
     provenance: dict[str, Any] = {}
     for r in plan["runs"]:
@@ -809,6 +835,8 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
             "ci_method": STATS_METHOD,
             "test": STATS_TEST,
             "statistics": statistics_note(comps),
+            "sees_pretraining": SP.records(sees),
+            "primary_sees_pretraining": SP.primary_check(key, sees),
         },
     )
     return out

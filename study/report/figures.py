@@ -39,12 +39,20 @@ BOUNDED = {
     "spearman",
     "ref_mlm_acc",
     "ref_mask_acc",
+    "ref_rnd_acc",
+    "ref_keep_acc",
     "sentence_acc",
     "mfu",
 }
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
-# The two reference accuracies (study/pretrain/evaluate.py): over every asked position, and over those showing [MASK].
-REF_ACCURACY = {"ref_mlm_acc": "overall", "ref_mask_acc": "at [MASK]"}
+# The reference accuracies (study/pretrain/evaluate.py): over every asked position, and by what the position
+# showed: [MASK], another token, its own token (kept positions, which copying alone answers).
+REF_ACCURACY = {
+    "ref_mlm_acc": "overall",
+    "ref_mask_acc": "at [MASK]",
+    "ref_rnd_acc": "shown another token",
+    "ref_keep_acc": "shown unchanged",
+}
 
 
 @dataclass
@@ -402,7 +410,8 @@ def replacement(
         "Replacement split: reference MLM, fine-tune and feature-based",
         "Per MASK/SAME/RND "
         "split (as BERT Table 8): accuracy on the fixed reference masks (15%, 80/10/10, the same positions "
-        "for every split), over all asked positions and over those that show [MASK] (left); fine-tuning "
+        "for every split), over all asked positions and by what they show ([MASK], another token, their own) "
+        "(left); fine-tuning "
         "(middle) and the frozen-encoder probe (right), the dotted line the random-init baseline. The dashed "
         "line on the left is the most-frequent-token floor (always predicting the commonest asked token). "
         "Mean over pre-training seeds, 95% t-interval.",

@@ -33,7 +33,9 @@ from study.report import stats as S
 from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS, plateau_hashes
 from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
 from study.report.papers import reference_sections
+from study.report.pooled import model_sentence
 from study.report.provenance import provenance_section, records
+from study.report.sees import beats_random
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -141,7 +143,7 @@ def methods_sentence(sf: StudyFiles) -> str:
             f"paired differences, this study could detect differences of ≥ "
             f"{fmt_diff(pr['mde'], pr['metric']).lstrip('+')} at {100 * st['power']:.0f}% power "
             f"(two-sided paired t-test, α = {a}); `study plan --detect` says how many seeds a smaller one needs."
-        )
+        ) + model_sentence(pr.get("model"))
     elif pr:
         why = (
             f"n<{st['min_n']}"
@@ -386,7 +388,7 @@ def _no_gain_over_random(sf: StudyFiles, task: str, mode: str, metric: str) -> s
     if task == "pretrain" or b.empty or "ci_low" not in b:
         return ""
     b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric) & b["diff"].map(finite)]
-    if b.empty or (b["ci_low"].map(finite) & (b["ci_low"] > 0)).any():
+    if b.empty or beats_random(b).any():  # the one rule of "sees pre-training" (sees.py)
         return ""
     lo, hi = fmt_diff(b["diff"].min(), metric), fmt_diff(b["diff"].max(), metric)
     span = lo if lo == hi else f"{lo} to {hi}"

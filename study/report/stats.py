@@ -69,6 +69,8 @@ class Interval:
     sd: float
     level: float
     method: str
+    df: float = math.nan  # the t distribution's df where the test is a t-test with other than n-1 (pooled)
+    note: str = ""  # which model gave it and why (pooled, or paired and the reason): the report states it
 
     @property
     def excludes_zero(self) -> bool:
@@ -263,9 +265,10 @@ def holm_levels(pvalues, alpha: float = ALPHA) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- power
-def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
-    """Power of a two-sided paired t-test (n units, SD of the differences `sd`) against `effect`."""
-    df, nc = n - 1, abs(effect) / sd * math.sqrt(n)
+def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA, df: float | None = None) -> float:
+    """Power of a two-sided paired t-test (n units, SD of the differences `sd`) against `effect`; `df`: the
+    t's degrees of freedom when not n-1 (the pooled level + seed model's (k-1)(n-1), `pooled_interval`)."""
+    df, nc = (n - 1 if df is None or not math.isfinite(df) else df), abs(effect) / sd * math.sqrt(n)
     tc = stats.t.ppf(1 - alpha / 2, df)
     pw = float(stats.nct.sf(tc, df, nc) + stats.nct.cdf(-tc, df, nc))
     # scipy's nct returns NaN far in the tail (nc in the tens); there the normal approximation is exact
@@ -273,17 +276,20 @@ def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA) -> floa
     return pw if math.isfinite(pw) else float(stats.norm.sf(tc - nc) + stats.norm.cdf(-tc - nc))
 
 
-def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER, df: float | None = None) -> float:
     """Smallest difference a two-sided paired t-test at `alpha` detects with `power` at n units; NaN when
-    sd is 0 (the same difference in every unit measures no noise, so it bounds no hidden effect)."""
+    sd is 0 (the same difference in every unit measures no noise, so it bounds no hidden effect). `df`:
+    the test's df when not n-1 (a pooled interval's `Interval.df`), `sd` then the SD it used."""
     if not (np.isfinite(sd) and sd > 0) or n < MIN_N:
         return float("nan")
     # Power rises monotonically in the effect: bracket by doubling (scipy's nct turns NaN far out in
     # the tail, so no fixed huge upper bound), then solve in units of one SD.
     hi = 1.0
-    while power_paired(hi, 1.0, n, alpha) < power:
+    while power_paired(hi, 1.0, n, alpha, df) < power:
         hi *= 2
-    return float(optimize.brentq(lambda e: power_paired(e, 1.0, n, alpha) - power, 0.0, hi, xtol=1e-12)) * sd
+    return (
+        float(optimize.brentq(lambda e: power_paired(e, 1.0, n, alpha, df) - power, 0.0, hi, xtol=1e-12)) * sd
+    )
 
 
 def seeds_needed(
