@@ -56,8 +56,8 @@ def main() -> int:
     import numpy as np
 
     from study.config import ObjectiveConfig, TokenizerConfig
-    from study.data.corpus import read_embedded, read_wikitext
     from study.data.instances import build_instances
+    from study.data.readers import read_embedded, read_wikitext
     from study.data.tokenizer import special_ids, tokenize_docs, train_tokenizer
 
     print(f"cpus available: {len(os.sched_getaffinity(0))}, load average: {os.getloadavg()[0]:.2f}")

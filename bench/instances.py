@@ -53,7 +53,7 @@ FORMATS = [("doc_sentences", "none"), ("full_sentences", "none"), ("segment_pair
 def corpus(work: Path):
     """(split, special ids, continuation mask): tests/conftest.py's `real` fixture, built the same way."""
     from study.config import TokenizerConfig
-    from study.data.corpus import read_utf8, strip_gutenberg
+    from study.data.readers import read_utf8, strip_gutenberg
     from study.data.tokenizer import continuation_mask, special_ids, tokenize_docs, train_tokenizer
 
     docs = []

@@ -11,56 +11,18 @@ Sections are split the way cramming splits them:
   kernel, threads, logging). Each of them is proven loss-neutral by a test, so it
   is excluded from the hash: the same run trained on a laptop or a GPU is the same
   folder.
+
+What every schema shares (the strict base, the seed rule, the cross-field error) is in study/schema.py.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, model_validator
 
 from study.io import hash_obj
-
-# The error type of a rule between fields (possibly of two sections). Its context names the dotted field
-# and what is allowed, so study/studies/spec.py's pydantic_error can name them like any other error.
-CROSS_FIELD = "cross_field"
-
-
-def cross_field_error(field: str, message: str, allowed: str) -> PydanticCustomError:
-    # Braces in the message would be read as placeholders of the template: escape them.
-    template = message.replace("{", "{{").replace("}", "}}")
-    return PydanticCustomError(CROSS_FIELD, template, {"field": field, "allowed": allowed})
-
-
-# --------------------------------------------------------------------------- seeds
-# One rule for every seed a spec or config names (run, corpus split, fine-tuning, search sampler): an
-# integer in [0, 2**32). numpy's SeedSequence (masking) refuses negatives and its legacy RandomState
-# (optuna's samplers) anything from 2**32 on, so a seed outside this range would pass validation and
-# crash hours later. Strict: `seed: true` or `seed: 1.5` is a typo, not 1.
-SEED_LIMIT = 2**32
-Seed = Annotated[int, Field(strict=True, ge=0, lt=SEED_LIMIT)]
-SEEDS_ALLOWED = f"distinct integers 0 .. {SEED_LIMIT - 1}"
-
-
-def distinct_seeds(seeds: list[int]) -> list[int]:
-    """A list of seeds is a list of replicates: a repeated seed is the same run listed twice."""
-    dupes = sorted({s for s in seeds if seeds.count(s) > 1})
-    if dupes:
-        raise ValueError(
-            f"seed(s) {dupes} listed twice: a repeated seed is the same run again, not a replicate"
-        )
-    return seeds
-
-
-SeedList = Annotated[list[Seed], AfterValidator(distinct_seeds)]
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors, values are validated on assignment too. No float is .inf or .nan: none means
-    anything in a config, and `train.amount: .inf` validated, then crashed `study plan` (int(inf))."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+from study.schema import Seed, SeedList, Strict, cross_field_error
 
 
 # --------------------------------------------------------------------------- corpus

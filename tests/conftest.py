@@ -48,7 +48,7 @@ def real(tmp_path_factory):
     if not SHARED.exists():
         pytest.skip(f"real data not present at {SHARED} (see ../shared/data/PROVENANCE.md)")
     from study.config import TokenizerConfig
-    from study.data.corpus import read_utf8, strip_gutenberg
+    from study.data.readers import read_utf8, strip_gutenberg
     from study.data.tokenizer import (
         continuation_mask,
         load_tokenizer,

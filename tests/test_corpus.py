@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from study.config import CorpusConfig, CorpusSource
-from study.data.corpus import (
-    load_corpus,
+from study.data.corpus import load_corpus
+from study.data.readers import (
     read_embedded,
     read_gutenberg,
     read_hf,

@@ -253,7 +253,7 @@ NASTY = [
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_word_cache_encoding_equals_plain_encode_batch(tmp_path, shared_data, lowercase):
     from study.config import TokenizerConfig
-    from study.data.corpus import read_utf8, strip_gutenberg
+    from study.data.readers import read_utf8, strip_gutenberg
     from study.data.tokenizer import encode_sentences, train_tokenizer
 
     lines = [

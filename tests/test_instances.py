@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from study.config import ObjectiveConfig
-from study.data.instances import Instances, build_instances, reference_instances, truncation_counts
+from study.data.instances import Instances, build_instances, reference_instances
+from study.data.pairs import truncation_counts
 from study.data.tokens import SpecialIds, TokenizedSplit
 from study.errors import StudyError
 

@@ -718,6 +718,27 @@ NON_FINITE = {
         "search.params.masking.rate.high",
         "a finite number",
     ),
+    # the search block's numbers are refused by its schema (study/schema.py's Strict), as a run's are
+    "search_choice_nan": (
+        "search: {params: {masking.rate: [0.1, .nan]}}",
+        "search.params.masking.rate.choices.1",
+        "a finite number",
+    ),
+    "search_weight_nan": (
+        "search: {params: {masking.rate: [0.1, 0.2]}, objective: {ref_mlm_loss: .nan}, direction: minimize}",
+        "search.objective.ref_mlm_loss",
+        "a finite number",
+    ),
+    "search_timeout_inf": (
+        "search: {params: {masking.rate: [0.1, 0.2]}, timeout: .inf}",
+        "search.timeout",
+        "a finite number",
+    ),
+    "search_p_threshold_nan": (
+        "search: {params: {masking.rate: [0.1, 0.2]}, seeds: [0, 1], pruner: {kind: wilcoxon, p_threshold: .nan}}",
+        "search.pruner.p_threshold",
+        "a finite number",
+    ),
 }
 
 

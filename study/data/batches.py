@@ -31,7 +31,8 @@ import torch
 
 from study.config import RunConfig
 from study.data.instances import build_instances
-from study.data.masking import IGNORE, check_continuation, mask_rows
+from study.data.masking import IGNORE, mask_rows
+from study.data.units import check_continuation
 
 ORDER_TAG = 0x0DE7  # separates the data-order stream from other streams seeded by (seed, epoch)
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from study.config import ObjectiveConfig
+from study.data.pairs import pair_spans
 from study.data.tokens import SpecialIds, TokenizedSplit
 from study.errors import StudyError
 
@@ -82,48 +83,6 @@ class Instances:
 
 
 # --------------------------------------------------------------------------- helpers
-class _Draws:
-    """Uniform draws pulled from a buffer: scalar Generator calls cost ~1 µs each, a buffer ~10 ns."""
-
-    def __init__(self, rng: np.random.Generator, block: int = 8192):
-        self.rng, self.block = rng, block
-        self.buf: list[float] = []
-        self.i = 0
-
-    def u(self) -> float:
-        if self.i >= len(self.buf):
-            self.buf = self.rng.random(self.block).tolist()
-            self.i = 0
-        self.i += 1
-        return self.buf[self.i - 1]
-
-    def randint(self, lo: int, hi: int) -> int:
-        """Uniform integer in [lo, hi], both inclusive (Python's random.randint)."""
-        return lo + min(int(self.u() * (hi - lo + 1)), hi - lo)
-
-
-def truncation_counts(la: int, lb: int, max_tokens: int) -> tuple[int, int]:
-    """How many tokens BERT's truncate_seq_pair removes from A and from B.
-
-    Its loop removes one token from the longer segment (B on ties) until the pair fits; the
-    counts follow in closed form, so we never loop per token. (The test checks it against the loop.)
-    """
-    excess = la + lb - max_tokens
-    if excess <= 0:
-        return 0, 0
-    if la > lb:
-        d = la - lb
-        if d >= excess:
-            return excess, 0
-        e = excess - d
-        return d + e // 2, (e + 1) // 2
-    d = lb - la
-    if d >= excess:
-        return 0, excess
-    e = excess - d
-    return e // 2, d + (e + 1) // 2
-
-
 def _gather(
     out: np.ndarray, rows: np.ndarray, col0: np.ndarray, src: np.ndarray, starts: np.ndarray, lens: np.ndarray
 ) -> None:
@@ -179,124 +138,6 @@ def _validate(split: TokenizedSplit, obj: ObjectiveConfig) -> None:
 
 
 # --------------------------------------------------------------------------- pair formats
-def _pairs(split: TokenizedSplit, obj: ObjectiveConfig, rng: np.random.Generator) -> dict:
-    """Token ranges of A and B for segment_pair / sentence_pair (one Python step per sentence)."""
-    draws = _Draws(rng)
-    u, randint = draws.u, draws.randint
-    T = split.sent_starts.tolist()  # Python ints: scalar numpy indexing is ~10x slower
-    dstart = split.doc_starts.tolist()
-    docs = _nonempty_docs(split).tolist()
-    doc_pos = {d: k for k, d in enumerate(docs)}
-    max_tokens = obj.max_seq_len - 3
-    nsp, sop = obj.sentence == "nsp", obj.sentence == "sop"
-    segment = obj.format == "segment_pair"
-    rec: list[tuple] = []  # (a0, a1, b0, b1, label, b_doc): token ranges of the row's A and B
-
-    def other_doc(d: int) -> int:
-        r = randint(0, len(docs) - 2)
-        return docs[r + 1] if r >= doc_pos[d] else docs[r]
-
-    def target_len() -> int:
-        if obj.short_seq_prob > 0 and u() < obj.short_seq_prob:
-            return randint(2, max_tokens)
-        return max_tokens
-
-    def emit(d: int, a0: int, a1: int, c0: int, c1: int, random_b: tuple | None) -> None:
-        # A = [a0, a1), its continuation = [c0, c1); random_b = (b0, b1, doc) when NotNext
-        if random_b is not None:
-            rec.append((a0, a1, random_b[0], random_b[1], 1, random_b[2]))
-        elif sop and u() < 0.5:
-            rec.append((c0, c1, a0, a1, 1, d))  # swapped: the later segment comes first
-        else:
-            rec.append((a0, a1, c0, c1, 0 if (nsp or sop) else -1, d))
-
-    def split_sentence(s: int) -> tuple[int, int, int, int] | None:
-        # one sentence must provide both A and B: cut it at a random token (a true continuation)
-        n = T[s + 1] - T[s]
-        if n < 2:
-            return None
-        k = randint(1, n - 1)
-        return T[s], T[s] + k, T[s] + k, T[s + 1]
-
-    for d in docs:
-        first, last = dstart[d], dstart[d + 1]
-        if segment:
-            target = target_len()
-            c_start, cur, i = first, 0, first
-            while i < last:
-                cur += T[i + 1] - T[i]
-                if i == last - 1 or cur >= target:
-                    n = i - c_start + 1
-                    random_next = nsp and u() < 0.5
-                    if n >= 2:
-                        a_end = c_start + randint(1, n - 1)
-                        cut = (T[c_start], T[a_end], T[a_end], T[i + 1])
-                    else:
-                        cut = split_sentence(c_start)  # None: a 1-token sentence, nothing to pair
-                    if cut is not None:
-                        a0, a1, c0, c1 = cut
-                        random_b = None
-                        if random_next:
-                            target_b = target - (a1 - a0)
-                            rd = other_doc(d)
-                            rs = randint(dstart[rd], dstart[rd + 1] - 1)
-                            j, blen = rs, 0
-                            while j < dstart[rd + 1]:
-                                blen += T[j + 1] - T[j]
-                                j += 1
-                                if blen >= target_b:
-                                    break
-                            random_b = (T[rs], T[j], rd)
-                            if n >= 2:
-                                i = a_end - 1  # put the unused sentences back (BERT: i -= unused)
-                        emit(d, a0, a1, c0, c1, random_b)
-                    target = target_len()
-                    c_start, cur = i + 1, 0
-                i += 1
-        else:  # sentence_pair: one natural sentence per segment
-            i = first
-            while i < last:
-                if nsp and u() < 0.5:
-                    rd = other_doc(d)
-                    rs = randint(dstart[rd], dstart[rd + 1] - 1)
-                    emit(d, T[i], T[i + 1], -1, -1, (T[rs], T[rs + 1], rd))
-                    i += 1  # B came from elsewhere: the next sentence stays
-                elif i + 1 < last:
-                    emit(d, T[i], T[i + 1], T[i + 1], T[i + 2], None)
-                    i += 2
-                else:
-                    cut = split_sentence(i)
-                    if cut is not None:
-                        emit(d, *cut, None)
-                    i += 1
-    if not rec:
-        raise StudyError(
-            "no pair instance could be built (every document is a single 1-token sentence)",
-            field="corpus.sources",
-            allowed="documents with at least 2 tokens",
-        )
-    arr = np.asarray(rec, dtype=np.int64)
-    a_full, b_full = arr[:, 0:2].copy(), arr[:, 2:4].copy()
-    la, lb = a_full[:, 1] - a_full[:, 0], b_full[:, 1] - b_full[:, 0]
-    # BERT's truncate_seq_pair: counts in closed form, each removed token from the front w.p. 1/2
-    cuts = np.array(
-        [truncation_counts(x, y, max_tokens) for x, y in zip(la.tolist(), lb.tolist(), strict=True)],
-        dtype=np.int64,
-    ).reshape(-1, 2)
-    front_a = rng.binomial(cuts[:, 0], 0.5)
-    front_b = rng.binomial(cuts[:, 1], 0.5)
-    a_span = np.stack([a_full[:, 0] + front_a, a_full[:, 1] - (cuts[:, 0] - front_a)], axis=1)
-    b_span = np.stack([b_full[:, 0] + front_b, b_full[:, 1] - (cuts[:, 1] - front_b)], axis=1)
-    return dict(
-        a_span=a_span,
-        b_span=b_span,
-        a_full=a_full,
-        b_full=b_full,
-        sentence_label=arr[:, 4].astype(np.int8),
-        b_doc=arr[:, 5].astype(np.int32),
-    )
-
-
 def _assemble_pairs(split: TokenizedSplit, p: dict, L: int, special: SpecialIds) -> Instances:
     a, b = p["a_span"], p["b_span"]
     la, lb = a[:, 1] - a[:, 0], b[:, 1] - b[:, 0]
@@ -413,7 +254,8 @@ def build_instances(
     for copy in range(obj.dupe_factor):
         rng = _rng(seed, epoch, copy)
         if obj.format in ("segment_pair", "sentence_pair"):
-            parts.append(_assemble_pairs(split, _pairs(split, obj, rng), L, special))
+            spans = pair_spans(split, obj, rng, _nonempty_docs(split).tolist())
+            parts.append(_assemble_pairs(split, spans, L, special))
         elif obj.format == "doc_sentences":
             parts.append(_doc_blocks(split, L, special, rng))
         elif obj.format == "full_sentences":

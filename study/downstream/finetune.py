@@ -32,15 +32,14 @@ and the baseline see the same examples.
 impl.finetune_batched_seeds trains a task's missing seeds as one stacked model (study/downstream/batched.py):
 the same batches, head inits and updates per seed; dropout masks from each seed's own generator.
 
-This file is the orchestration (which results exist, loading the encoder, one result file each) and the
-sequential fine-tuning loop; the model and its step are in classifier.py, the tokenized rows and batches
-in encode.py, the probe in probe.py.
+This file is the orchestration (which results are missing, loading the encoder, one result file each) and
+the sequential fine-tuning loop; the result files (paths, records, reuse) are in results.py, the model and
+its step in classifier.py, the tokenized rows and batches in encode.py, the probe in probe.py.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import sys
 import time
@@ -53,27 +52,31 @@ import torch
 from tqdm import tqdm
 
 from study.config import RunConfig
-from study.data.corpus import file_digest
 from study.data.prepare import prepare_data
 from study.data.tokenizer import load_tokenizer
 from study.downstream import batched
 from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step, lr_lambda
 from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_batches, eval_batches
 from study.downstream.probe import probe
-from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task, task_path
+from study.downstream.results import (
+    TaskRecords,
+    degenerate,
+    encoder_digest,
+    existing_result,
+    recipe,
+    result_path,
+    task_digest,
+    unavailable,
+)
+from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task
 from study.errors import StudyError
-from study.io import atomic_write_json, file_lock, hash_obj, read_json
+from study.io import atomic_write_json, file_lock, read_json
 from study.model.bert import build_model
 from study.model.load import load_pretrained
 from study.paths import Layout
 from study.provenance import provenance
 from study.rundir import RunDir
 from study.runtime import Runtime, resolve, threads
-
-
-# --------------------------------------------------------------------------- keys and paths
-def result_path(layout: Layout, run_key: str, task: str, finetune_hash: str, mode: str, seed: int) -> Path:
-    return layout.finetune_dir(run_key) / task / finetune_hash / f"{mode}-seed{seed}.json"
 
 
 # --------------------------------------------------------------------------- public API
@@ -233,36 +236,6 @@ def check_finite(preds: np.ndarray, where: str) -> None:
 
 
 # --------------------------------------------------------------------------- orchestration
-def _unavailable(spec: TaskSpec, glue_dir: str) -> str | None:
-    if glue_dir == HUB:
-        return None
-    for split in ("train", "dev"):
-        p = task_path(spec.name, glue_dir, split)
-        if not p.is_file():
-            return f"no {split} split: {p} does not exist"
-    return None
-
-
-def _degenerate(train: TaskData, cap: int | None) -> str | None:
-    """Why a (capped) training split teaches nothing: no rows, or one label only (the probe's sklearn head
-    refuses it, a fine-tune learns a constant). Recorded as a skipped task: the other tasks and models go on."""
-    values = np.unique(train.labels)
-    if len(values) > 1:
-        return None
-    names = get_task(train.task).labels
-    what = (
-        "no rows"
-        if not len(values)
-        else f"a single label ({names[int(values[0])] if names else f'{float(values[0]):g}'})"
-    )
-    capped = (
-        f" (capped at {cap:,} rows: finetune.max_train_examples)"
-        if cap is not None and len(train) >= cap
-        else ""
-    )
-    return f"nothing to learn: the training split{capped} has {what}"
-
-
 def _validate(cfg: RunConfig) -> list[TaskSpec]:
     ft = cfg.finetune
     specs = [get_task(t) for t in ft.tasks]  # unknown names -> StudyError listing the allowed ones
@@ -295,39 +268,6 @@ def _validate(cfg: RunConfig) -> list[TaskSpec]:
     return specs
 
 
-def task_digest(spec: TaskSpec, glue_dir: str) -> str | None:
-    """The content of a task's local train and dev files (None for the hub or a missing file). Kept in each
-    result (`task_data`): a result computed from other task files is recomputed, never reused, as a run is
-    retrained when its corpus changes. The recipe hash leaves glue_dir out, so a moved folder reuses."""
-    if glue_dir == HUB:
-        return None
-    files = [task_path(spec.name, glue_dir, split) for split in ("train", "dev")]
-    # file_digest: cached by size and mtime, so a call whose results are all done does not re-read the files
-    return hash_obj([file_digest(f) for f in files], length=16) if all(f.is_file() for f in files) else None
-
-
-def encoder_digest(model_dir: Path) -> str | None:
-    """The content of a pre-trained run's weights, kept in each result (`encoder_data`): a run trained again
-    under the same hash (after its folder was deleted; on a GPU not bitwise the same) is fine-tuned again,
-    never matched with the old encoder's results. None where there are no weights yet."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    return hash_obj([file_digest(f) for f in files], length=16) if files else None
-
-
-def _existing(path: Path, want: dict[str, str | None] | None = None) -> dict | None:
-    """A finished result at `path`, unless it was made from other inputs than `want` says (task_data,
-    encoder_data): then it is recomputed. A result written before a key was kept has none: reused."""
-    if not path.is_file():
-        return None
-    try:
-        res = read_json(path)
-    except (OSError, json.JSONDecodeError):
-        return None  # unreadable: recompute (writes are atomic, so this is only a hand-edited file)
-    if "skipped" in res:
-        return None
-    return None if any(v is not None and res.get(k, v) != v for k, v in (want or {}).items()) else res
-
-
 def _run_all(
     cfg: RunConfig,
     layout: Layout,
@@ -357,8 +297,8 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
     }
     for spec in specs:
         paths = {(m, s): result_path(layout, run_key, spec.name, fh, m, s) for m in modes for s in ft.seeds}
-        done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
-        plan.append([spec, paths, "done" if len(done) == len(paths) else _unavailable(spec, ft.glue_dir)])
+        done = {k: r for k, p in paths.items() if (r := existing_result(p, digests[spec.name])) is not None}
+        plan.append([spec, paths, "done" if len(done) == len(paths) else unavailable(spec, ft.glue_dir)])
     enc: Encoder | None = None
     if any(what != "done" for _, _, what in plan):
         enc = load()  # validates the checkpoint (tokenizer vs vocab) before anything is written
@@ -369,11 +309,11 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
                     cap_rows(load_task(item[0].name, ft.glue_dir, "train"), ft.max_train_examples),
                     cap_rows(load_task(item[0].name, ft.glue_dir, "dev"), ft.max_eval_examples),
                 )
-                item[2] = _degenerate(item[2][0], ft.max_train_examples) or item[2]
+                item[2] = degenerate(item[2][0], ft.max_train_examples) or item[2]
     results: list[dict] = []
     for spec, paths, what in plan:
         if what == "done":
-            results.extend(_existing(p, digests[spec.name]) for p in paths.values())
+            results.extend(existing_result(p, digests[spec.name]) for p in paths.values())
         elif isinstance(what, str):
             for p in paths.values():
                 rec = {"run_key": run_key, "task": spec.name, "skipped": what}
@@ -383,7 +323,11 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
             lock = layout.cache_dir("finetune") / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
             with file_lock(lock):
                 # another process?
-                done = {k: r for k, p in paths.items() if (r := _existing(p, digests[spec.name])) is not None}
+                done = {
+                    k: r
+                    for k, p in paths.items()
+                    if (r := existing_result(p, digests[spec.name])) is not None
+                }
                 results.extend(
                     _run_task(
                         cfg,
@@ -425,70 +369,23 @@ def _run_task(
     ft = cfg.finetune
     e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
     e_dev = encode(enc.tokenizer, dev, ft.max_length, layout, ft.glue_dir)
-    prov = provenance(str(rt.device))
-    # the resolved recipe behind the hash, every field spelled out (readers ignore it; older files lack it)
-    recipe = {k: getattr(ft, k) for k in type(ft).model_fields if k not in ("seeds", "tasks")}
-
-    def record(mode: str, seed: int, out: dict) -> dict:
-        m = out["metrics"]
-        return {
-            "run_key": run_key,
-            "task": spec.name,
-            "mode": mode,
-            "init": init,
-            "seed": seed,
-            "metrics": m,
-            "primary_metric": spec.primary,
-            "primary": m[spec.primary],
-            "n_train": len(train),
-            "n_eval": len(dev),
-            "finetune_hash": fh,
-            "recipe": recipe,
-            **digest,
-            "provenance": prov,
-            "encoder": enc.source,
-            **{k: v for k, v in out.items() if k != "metrics"},
-        }
-
-    def diverged(seed: int, exc: FloatingPointError) -> dict:
-        print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
-        return {
-            "run_key": run_key,
-            "task": spec.name,
-            "mode": "finetune",
-            "init": init,
-            "seed": seed,
-            "diverged": str(exc),
-            "finetune_hash": fh,
-            "recipe": recipe,
-            **digest,
-            "provenance": prov,
-            "encoder": enc.source,
-        }
-
+    records = TaskRecords(
+        run_key,
+        spec,
+        init,
+        len(train),
+        len(dev),
+        fh,
+        recipe(ft),
+        digest,
+        provenance(str(rt.device)),
+        enc.source,
+    )
     out: dict = dict(done)
     todo = [s for s in ft.seeds if ("finetune", s) not in out]
     stacked: dict = {}
     if todo and cfg.impl.finetune_batched_seeds:  # every missing seed in one stacked model (batched.py)
-        try:
-            stacked = batched.finetune_seeds(
-                cfg,
-                spec,
-                enc.bert,
-                e_train,
-                e_dev,
-                todo,
-                rt,
-                f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}",
-                quiet,
-            )
-        except FloatingPointError as exc:
-            # one stacked step stops every seed in it: each seed then trains on its own, so whether a seed
-            # scores or is recorded diverged never depends on this speed setting (outside the run hash)
-            print(
-                f"batched fine-tuning stopped ({exc}); {spec.name} seeds {todo} one at a time",
-                file=sys.stderr,
-            )
+        stacked = _stacked(cfg, spec, enc, e_train, e_dev, todo, rt, run_key, quiet)
     for seed in todo:
         try:
             res = (
@@ -506,15 +403,38 @@ def _run_task(
                     quiet,
                 )
             )
-            rec = record("finetune", seed, res)
+            rec = records.result("finetune", seed, res)
         except FloatingPointError as exc:  # this seed only: the others (and the study) go on
-            rec = diverged(seed, exc)
+            print(f"fine-tuning diverged: {run_key[:12]} {spec.name} seed {seed}: {exc}", file=sys.stderr)
+            rec = records.diverged(seed, str(exc))
         out[("finetune", seed)] = rec
         atomic_write_json(paths[("finetune", seed)], rec)
     if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
         res = probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)
         for seed in ft.seeds:
             if ("probe", seed) not in out:
-                out[("probe", seed)] = rec = record("probe", seed, res)
+                out[("probe", seed)] = rec = records.result("probe", seed, res)
                 atomic_write_json(paths[("probe", seed)], rec)
     return [out[k] for k in paths]
+
+
+def _stacked(cfg, spec, enc, e_train, e_dev, todo, rt, run_key, quiet) -> dict:
+    """The seeds `todo` fine-tuned as one stacked model: {seed: result}, without the seeds the stack left
+    out, or {} when a stacked step stopped them all (they then train one at a time)."""
+    try:
+        return batched.finetune_seeds(
+            cfg,
+            spec,
+            enc.bert,
+            e_train,
+            e_dev,
+            todo,
+            rt,
+            f"{run_key[:12]} {spec.name} seeds{','.join(map(str, todo))}",
+            quiet,
+        )
+    except FloatingPointError as exc:
+        # one stacked step stops every seed in it: each seed then trains on its own, so whether a seed
+        # scores or is recorded diverged never depends on this speed setting (outside the run hash)
+        print(f"batched fine-tuning stopped ({exc}); {spec.name} seeds {todo} one at a time", file=sys.stderr)
+        return {}

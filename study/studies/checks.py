@@ -1,15 +1,15 @@
 """Checks of a study spec beyond its schema (split from spec.py, which builds the runs).
 
 Spec-level checks (run on every file of a `base` chain, before any run is built): safe names, keys a spec
-may not set (a fingerprint, a seed outside `seeds:`), finite numbers in the `search:` block. Study-level
-checks (on the built runs): factors that cannot change a run, one fine-tuning recipe, report hints.
+may not set (a fingerprint, a seed outside `seeds:`); finite numbers are the schema's (study/schema.py).
+Study-level checks (on the built runs): factors that cannot change a run, one fine-tuning recipe, report
+hints.
 Each raises a StudyError naming the file, the dotted field and what is allowed.
 """
 
 from __future__ import annotations
 
 import difflib
-import math
 from typing import TYPE_CHECKING, Any
 
 from study.downstream.tasks import get_task
@@ -99,24 +99,6 @@ def reject_seed_keys(spec: SpecFile, source: str) -> None:
                 source=source,
                 allowed=SEEDS_ONLY,
             )
-
-
-def check_finite_search(spec: SpecFile, source: str) -> None:
-    """Numbers of the `search:` block are finite (its schema, searchspec.py, lets .inf and .nan through):
-    a range to .inf or a weight of .nan is no search at all."""
-    if spec.search is None:
-        return
-
-    def walk(value: Any, field: str) -> None:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise StudyError(f"got {value}", field=field, source=source, allowed="a finite number")
-        items = (
-            value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-        )
-        for k, v in items:
-            walk(v, f"{field}[{k}]" if isinstance(k, int) else f"{field}.{clip(str(k))}")
-
-    walk(spec.search.model_dump(), "search")
 
 
 def same_level(a: Any, b: Any) -> bool:

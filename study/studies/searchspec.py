@@ -26,22 +26,28 @@ produce the objective metric) live in study/search/checks.py's `load_search`, be
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from study.config import Seed, SeedList
+from study.schema import Seed, SeedList, Strict, cross_field_error
+from study.studies.specyaml import clip
 
 # mask + random + keep must sum to 1, so the replacement split is searched through two free
 # coordinates that can take any value in [0, 1] independently (a sampler can't respect a sum constraint).
 SPLIT_KEYS = ("masking.split.mask", "masking.split.random_share")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _finite(value: Any) -> Any:
+    """The base's rule for values it cannot see: a float inside an untyped (Any) field is finite too."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
+    return value
 
 
-class ParamSpec(_Strict):
+class ParamSpec(Strict):
     """One searched dimension. A bare YAML list is shorthand for `{choices: [...]}`."""
 
     type: Literal["float", "int", "categorical"] | None = None  # inferred when omitted
@@ -49,7 +55,7 @@ class ParamSpec(_Strict):
     high: float | None = None
     step: float | None = Field(default=None, gt=0)
     log: bool = False
-    choices: list[Any] | None = None
+    choices: list[Annotated[Any, AfterValidator(_finite)]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -100,13 +106,13 @@ class ParamSpec(_Strict):
         return self
 
 
-class SamplerSpec(_Strict):
+class SamplerSpec(Strict):
     kind: Literal["tpe", "random", "grid"] = "tpe"
-    seed: Seed = 0  # one seed rule for the whole spec (study/config.py)
+    seed: Seed = 0  # one seed rule for the whole spec (study/schema.py)
     n_startup_trials: int = Field(default=5, ge=0)  # tpe: random trials before the model kicks in
 
 
-class PrunerSpec(_Strict):
+class PrunerSpec(Strict):
     """median/hyperband prune on the eval curve the trainer reports (every `impl.eval_every` steps);
     wilcoxon prunes across pre-training seeds (one value per finished seed run)."""
 
@@ -118,7 +124,7 @@ class PrunerSpec(_Strict):
     n_startup_steps: int = Field(default=2, ge=0)  # wilcoxon: seeds before a trial can be pruned
 
 
-class SearchSpec(_Strict):
+class SearchSpec(Strict):
     params: dict[str, ParamSpec] = Field(min_length=1)
     objective: str | dict[str, float] = "ref_mlm_loss"
     direction: Literal["minimize", "maximize"] | None = None
@@ -134,6 +140,20 @@ class SearchSpec(_Strict):
     heartbeat_interval: int = Field(default=10, ge=1)
     grace_period: int | None = Field(default=None, ge=1)
     max_retry: int = Field(default=2, ge=0)
+
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _finite_weights(cls, v: Any) -> Any:
+        # A weight of .nan is caught here, before the union (a metric or {metric: weight}) is tried: there
+        # pydantic would report the metric branch's "should be a valid string" first. The error names the
+        # weight's own field, as a rule between fields does (this model is the spec's `search:` block).
+        if isinstance(v, dict):
+            for metric, weight in v.items():
+                if isinstance(weight, float) and not math.isfinite(weight):
+                    raise cross_field_error(
+                        f"search.objective.{clip(str(metric))}", f"got {weight}", "a finite number"
+                    )
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpec:

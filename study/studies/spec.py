@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from study.config import CROSS_FIELD, SEEDS_ALLOWED, RunConfig, SeedList
+from study.config import RunConfig
 from study.data.corpus import with_fingerprint
 from study.errors import StudyError
 from study.paths import Layout
 from study.report import references
 from study.rundir import RunDir
+from study.schema import CROSS_FIELD, SEEDS_ALLOWED, SeedList, Strict
 from study.studies.checks import (
-    check_finite_search,
     check_inert_factors,
     check_names,
     check_one_finetune_recipe,
@@ -46,8 +46,7 @@ from study.studies.searchspec import SearchSpec
 from study.studies.specyaml import clip, read_yaml, short
 
 
-class ReportHints(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReportHints(Strict):
     kind: Literal["nsp", "mask_rate", "replacement", "depth", "generic"] = "generic"
     primary_metric: str = "ref_ppl"
     x: str | None = None
@@ -56,14 +55,12 @@ class ReportHints(BaseModel):
     references: list[str] = Field(default_factory=list)
 
 
-class RunEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RunEntry(Strict):
     label: str
     set: dict[str, Any] = Field(default_factory=dict)
 
 
-class SpecFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SpecFile(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     question: str = ""
     base: str | None = None
@@ -286,7 +283,7 @@ def pydantic_error(
         msg = f"got {short(e['input'])}: {msg}"  # bounded: the input may be a whole (aliased) subtree
         if e["type"].endswith(_TYPE_ERRORS):  # pydantic names the type it wanted, not the field's range
             allowed = accepts(model, parts)
-        elif e["type"] == "finite_number":  # .inf / .nan (config.py's Strict models refuse them)
+        elif e["type"] == "finite_number":  # .inf / .nan (study/schema.py's Strict models refuse them)
             allowed = (accepts(model, parts) or "a number").replace("a number", "a finite number", 1)
     if set(str(p) for p in e["loc"]) & _SEED_FIELDS:
         allowed = SEEDS_ALLOWED
@@ -424,7 +421,7 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
         spec = SpecFile.model_validate(raw)
     except ValidationError as err:
         raise pydantic_error(err, str(path), model=SpecFile) from None
-    for check in (check_names, reject_resolved_keys, reject_seed_keys, check_finite_search):
+    for check in (check_names, reject_resolved_keys, reject_seed_keys):
         check(spec, str(path))
     defaults: dict = {}
     profiles: dict = {}

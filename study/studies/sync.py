@@ -79,6 +79,7 @@ ROOT_CODE = [
         "provenance",
         "rundir",
         "runtime",
+        "schema",
     )
 ]
 # A data stage's outputs are a function of its data config (named by the hash in the stage) and of the code
@@ -86,7 +87,7 @@ ROOT_CODE = [
 # The CLI and spec code only choose which config; a change there that changes the config changes the hash.
 DATA_CODE = [
     "study/data",
-    *(f"study/{m}.py" for m in ("__init__", "config", "errors", "faults", "io", "lazy", "paths")),
+    *(f"study/{m}.py" for m in ("__init__", "config", "errors", "faults", "io", "lazy", "paths", "schema")),
 ]
 CODE = {
     kind: [
