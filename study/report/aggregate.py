@@ -20,6 +20,7 @@ import pandas as pd
 
 from study.errors import StudyError
 from study.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from study.levels import MISSING, level_key
 from study.metrics import COST_METRICS, PRETRAIN, PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
 from study.report import pooled as P
@@ -389,19 +390,6 @@ COMPARE_COLS = [
 ]
 
 
-def canon(v: Any) -> str:
-    """A level as text that survives a float64 column and the YAML -> JSON -> CSV round trip (2 == 2.0 ==
-    '2'), numpy's bool included: the one rule every level match uses (figures, papers, render)."""
-    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-        return "None"
-    if isinstance(v, (bool, np.bool_)):
-        return str(bool(v))
-    try:
-        return repr(float(v))
-    except (TypeError, ValueError):
-        return str(v)
-
-
 def plateau_hashes(runs: pd.DataFrame) -> set[str]:
     """Run hashes of the finished runs that did not learn past always predicting the most frequent token
     (`learned` False in runs.csv, read back as a bool or a string): the report's floor guard, for the
@@ -442,10 +430,13 @@ def compare(
     others = [k for k in others if k != fac and k in t.columns]
     if t.empty:
         return pd.DataFrame(columns=COMPARE_COLS)
-    # Levels and cells as canon text: a float64 column (a run without the factor, levels 0.5 and 1) reads 4 as 4.0
-    lv = t[fac].map(canon)  # every level with a value stays: the pooled model's other levels (pooled.py)
-    side = lv.map({canon(spec["a"]): "a", canon(spec["b"]): "b"}).fillna(("=" + lv).where(lv != "None"))
-    cell = t[others].map(canon).agg("|".join, axis=1) if others else pd.Series("", index=t.index)
+    # Levels and cells as level keys (study/levels.py): a float64 column (a run without the factor,
+    # levels 0.5 and 1) reads 4 as 4.0
+    lv = t[fac].map(level_key)  # every level with a value stays: the pooled model's other levels (pooled.py)
+    side = lv.map({level_key(spec["a"]): "a", level_key(spec["b"]): "b"}).fillna(
+        ("=" + lv).where(lv != MISSING)
+    )
+    cell = t[others].map(level_key).agg("|".join, axis=1) if others else pd.Series("", index=t.index)
     t = t.assign(_side=side, _cell=cell)
     t = t[t["_side"].notna() & np.isfinite(t["value"].to_numpy(dtype=float))]
     # Fine-tune seeds averaged within each (cell, pre-training seed) first, so that every cell weighs the same

@@ -26,8 +26,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
+from study.levels import level_key
 from study.metrics import COST_METRICS, parse_metric
-from study.report.aggregate import canon  # noqa: F401 - one rule for levels; papers and render use F.canon
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
@@ -87,7 +87,7 @@ def run_labels(plan: dict, keys: list[str]) -> dict[tuple, str] | None:
         return None
     out: dict[tuple, str] = {}
     for r in plan.get("runs", []):
-        k = tuple(canon(r.get("factors", {}).get(key)) for key in keys)
+        k = tuple(level_key(r.get("factors", {}).get(key)) for key in keys)
         if out.setdefault(k, r["label"]) != r["label"]:
             return None
     return out
@@ -99,7 +99,7 @@ def level_label(values: dict, keys: list[str], names: dict[tuple, str] | None = 
     if not keys:
         return "base"
     if names:
-        got = names.get(tuple(canon(values.get(k)) for k in keys))
+        got = names.get(tuple(level_key(values.get(k)) for k in keys))
         if got is not None:
             return got
     if set(keys) == set(REPLACEMENT_KEYS):

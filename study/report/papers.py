@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from study.levels import level_key
 from study.report import figures as F
 from study.report import references as R
 from study.report import stats as S
@@ -36,7 +37,7 @@ def _level_index(sf, levels: list[dict], value: Any) -> int | None:
     if value is None or fac is None:
         return None
     if fac == "label":
-        run = next((r for r in sf.plan.get("runs", []) if F.canon(r["label"]) == F.canon(value)), None)
+        run = next((r for r in sf.plan.get("runs", []) if level_key(r["label"]) == level_key(value)), None)
         if run is None:
             return None
         want = {k: run.get("factors", {}).get(k) for k in sf.factor_keys}
@@ -45,7 +46,7 @@ def _level_index(sf, levels: list[dict], value: Any) -> int | None:
     else:
         return None
     for idx, lv in enumerate(levels):
-        if all(F.canon(lv.get(k)) == F.canon(v) for k, v in want.items()):
+        if all(level_key(lv.get(k)) == level_key(v) for k, v in want.items()):
             return idx
     return None
 
@@ -166,7 +167,8 @@ def _plateau_levels(sf, levels: list[dict]) -> set[int]:
         i
         for i, lv in enumerate(levels)
         if any(
-            all(F.canon((r.get("factors") or {}).get(k)) == F.canon(v) for k, v in lv.items()) for r in runs
+            all(level_key((r.get("factors") or {}).get(k)) == level_key(v) for k, v in lv.items())
+            for r in runs
         )
     }
 

@@ -27,6 +27,7 @@ import pandas as pd
 
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
+from study.levels import level_key
 from study.metrics import COST_METRICS, param_columns, parse_metric
 from study.report import figures as F
 from study.report import stats as S
@@ -552,12 +553,12 @@ def left_out(sf: StudyFiles, factor: str, levels: tuple) -> str:
 
 def _runs_at(sf: StudyFiles, factor: str | None, levels: tuple) -> list[dict]:
     """The plan's runs at the given levels of `factor` ("label" or a factor key); every run without one."""
-    want = {F.canon(v) for v in levels}  # canon: a level read back as 4.0 is the plan's 4
+    want = {level_key(v) for v in levels}  # level_key: a level read back as 4.0 is the plan's 4
     return [
         r
         for r in sf.plan.get("runs", [])
         if factor is None
-        or F.canon(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want
+        or level_key(r.get("label") if factor == "label" else (r.get("factors") or {}).get(factor)) in want
     ]
 
 

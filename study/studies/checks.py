@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from study.downstream.tasks import get_task
 from study.errors import StudyError
+from study.levels import same_level  # the one level rule (spec.py imports it from here)
 from study.metrics import parse_metric
 from study.paths import SAFE_NAME_ALLOWED, safe_name
 from study.studies.specyaml import clip, short
@@ -99,19 +100,6 @@ def reject_seed_keys(spec: SpecFile, source: str) -> None:
                 source=source,
                 allowed=SEEDS_ONLY,
             )
-
-
-def same_level(a: Any, b: Any) -> bool:
-    """Level equality across the YAML -> JSON -> CSV round trip: 2 == 2.0, but 'nsp' != 'none'."""
-    numeric = (int, float)
-    if (
-        isinstance(a, numeric)
-        and isinstance(b, numeric)
-        and not isinstance(a, bool)
-        and not isinstance(b, bool)
-    ):
-        return float(a) == float(b)
-    return type(a) is type(b) and a == b
 
 
 # A factor key that changes nothing unless another setting has one of these values: varying it elsewhere

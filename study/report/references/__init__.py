@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from study.errors import StudyError
+from study.levels import same_level
 from study.report.stats import zero_width
 
 REFERENCE_DIR = Path(__file__).resolve().parent
@@ -154,16 +155,6 @@ def for_study(kind: str, ids: list[str] | None) -> list[Reference]:
 
 
 # --------------------------------------------------------------------------- paper vs ours
-def _same(a: Any, b: Any) -> bool:
-    """Level equality across YAML/CSV round trips: 0.4 == '0.4', True == 'True', 12 == 12.0."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return str(a).lower() == str(b).lower()
-    try:
-        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
-
-
 def _level_key(level: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in level.items())
 
@@ -185,7 +176,7 @@ def match_levels(ref: Reference, levels: list[dict[str, Any]]) -> tuple[dict[int
             continue
         extras = tuple(sorted((k, str(v)) for k, v in row.setting.items() if k not in keys))
         for i, lv in enumerate(levels):
-            if all(_same(row.setting[k], lv.get(k)) for k in shared) and all(k in lv for k in shared):
+            if all(same_level(row.setting[k], lv.get(k)) for k in shared) and all(k in lv for k in shared):
                 by_sig.setdefault(extras, {}).setdefault(i, row)
     if not by_sig:
         return {}, []
@@ -294,7 +285,9 @@ def _default_pairs(matched: dict[int, Row], levels: list[dict[str, Any]], b: int
     for j in sorted(matched):
         if j == b or matched[j] is matched[b]:
             continue
-        dist = sum(not _same(levels[j].get(k), levels[b].get(k)) for k in set(levels[j]) | set(levels[b]))
+        dist = sum(
+            not same_level(levels[j].get(k), levels[b].get(k)) for k in set(levels[j]) | set(levels[b])
+        )
         rid = id(matched[j])
         if rid not in chosen or dist < chosen[rid][0]:
             chosen[rid] = (dist, j)
