@@ -172,15 +172,15 @@ def cmd_plan(args) -> int:
 
 def _plan_detect(args, study, layout) -> int:
     """`study plan SPEC --detect 1pp [--sd S]`: pre-training seeds the primary comparison needs."""
-    # Lazy like every command's imports: the aggregate needs pandas, the metric kinds matplotlib's module.
-    from study.metrics import parse_metric
+    # Lazy like every command's imports: the aggregate needs pandas.
+    from study.metrics import metric_range, parse_metric
     from study.report.aggregate import measured_sd
-    from study.report.figures import BOUNDED
     from study.report.stats import detect_plan
 
     metric = parse_metric(study.spec.report.primary_metric, field="report.primary_metric")
-    bounded = metric.name in BOUNDED
-    span = 2.0 if metric.name in ("matthews_corr", "pearson", "spearman") else 1.0  # the widest difference
+    bounds = metric_range(metric.name)
+    bounded = bounds is not None
+    span = bounds[1] - bounds[0] if bounds else 1.0  # the widest difference
     d = detect_plan(
         args.detect,
         sd=args.sd,

@@ -39,6 +39,52 @@ DEFAULT_METRIC = "ref_ppl"  # a report's primary metric when the spec names none
 
 EXAMPLE = "SST-2/finetune/accuracy"
 
+# --------------------------------------------------------------------------- metric kinds
+# What a metric's number means, by its name (the last part of TASK/MODE/METRIC): the report's formatting
+# (scores in percent, differences in pp), `study plan --detect`'s unit and widest difference, and which
+# way is better (the report's best level, a search's default direction) all ask here.
+CORRELATIONS = ("matthews_corr", "pearson", "spearman")  # scores in [-1, 1]
+# Scores stored as fractions, written in percent; every other bounded score is in [0, 1].
+BOUNDED = frozenset(
+    {
+        "accuracy",
+        "f1",
+        *CORRELATIONS,
+        "ref_mlm_acc",
+        "ref_mask_acc",
+        "ref_rnd_acc",
+        "ref_keep_acc",
+        "sentence_acc",
+        "mfu",
+    }
+)
+LOWER_IS_BETTER_SUFFIXES = ("loss", "ppl")  # losses and perplexities; wall_s is named below
+LOWER_IS_BETTER = frozenset({"wall_s"})
+
+
+def metric_name(metric: str) -> str:
+    """The name part of a metric spec: 'SST-2/finetune/accuracy' -> 'accuracy', 'ref_ppl' -> 'ref_ppl'."""
+    return str(metric).rsplit("/", 1)[-1]
+
+
+def is_bounded(metric: str) -> bool:
+    """A score stored as a fraction of a bounded range ([0, 1], or [-1, 1] for a correlation)."""
+    return metric_name(metric) in BOUNDED
+
+
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """The range a bounded score lies in; None for an unbounded one (a loss, a perplexity, a count)."""
+    name = metric_name(metric)
+    if name not in BOUNDED:
+        return None
+    return (-1.0, 1.0) if name in CORRELATIONS else (0.0, 1.0)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value is the better one: losses, perplexities and wall time."""
+    name = metric_name(metric)
+    return name.endswith(LOWER_IS_BETTER_SUFFIXES) or name in LOWER_IS_BETTER
+
 
 class Metric(NamedTuple):
     """A parsed metric spec; unpacks as `task, mode, name = parse_metric(...)`."""

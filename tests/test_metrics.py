@@ -4,6 +4,8 @@ error policy every reader of a run folder applies (study/rundir.py), seen from e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,6 +18,9 @@ from study.metrics import (
     PRETRAIN_METRICS,
     Metric,
     format_metric,
+    is_bounded,
+    lower_is_better,
+    metric_range,
     param_column,
     param_columns,
     parse_metric,
@@ -59,6 +64,42 @@ def test_bad_specs_name_the_field_and_what_is_allowed(spec, words, allowed):
 def test_a_search_objective_may_not_be_a_cost_metric():
     with pytest.raises(StudyError, match="unknown metric 'wall_s'"):
         parse_metric("wall_s", pretrain=PRETRAIN_METRICS)
+
+
+def test_metric_kinds():
+    """One owner for what a metric's number means: the report's percent and pp, `plan --detect`'s widest
+    difference, and which way is better (the report's best level, a search's default direction)."""
+    assert is_bounded("accuracy") and is_bounded("SST-2/finetune/accuracy") and is_bounded("mfu")
+    assert not is_bounded("ref_ppl") and not is_bounded("tokens_per_s")
+    assert metric_range("CoLA/finetune/matthews_corr") == (-1.0, 1.0) and metric_range("f1") == (0.0, 1.0)
+    assert metric_range("ref_mlm_loss") is None
+    # the report used to rank only ref_ppl among perplexities lower-is-better, the search every *ppl
+    for m in ("ref_ppl", "ref_mlm_loss", "final_loss", "SST-2/finetune/loss", "wall_s"):
+        assert lower_is_better(m), m
+    for m in ("accuracy", "ref_mlm_acc", "tokens_per_s", "mfu", "SST-2/probe/f1"):
+        assert not lower_is_better(m), m
+
+
+def test_a_search_defaults_to_the_metric_direction():
+    from study.studies.searchspec import SearchSpec
+
+    def direction(objective):
+        spec = {"objective": objective, "params": {"masking.rate": {"low": 0.1, "high": 0.2}}}
+        return SearchSpec.model_validate(spec).resolved_direction
+
+    assert direction("ref_ppl") == direction("ref_mlm_loss") == "minimize"
+    assert direction("SST-2/finetune/accuracy") == direction("ref_mlm_acc") == "maximize"
+
+
+def test_formatting_a_number_imports_no_plotting_library():
+    """fmt.py used to import BOUNDED from figures.py, so formatting a number loaded matplotlib and seaborn."""
+    code = (
+        "import sys; from study.report.fmt import fmt_value, fmt_diff; "
+        "assert fmt_value(0.5, 'accuracy') == '50.0' and fmt_diff(0.02, 'f1') == '+2.0 pp'; "
+        "print(sorted(m for m in ('matplotlib', 'seaborn', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
 
 def test_trials_table_parameter_columns():

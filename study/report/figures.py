@@ -27,23 +27,10 @@ import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
 from study.levels import level_key
-from study.metrics import COST_METRICS, parse_metric
+from study.metrics import BOUNDED, COST_METRICS, parse_metric
 
 # Deterministic SVG ids and no timestamps, so re-rendering the same aggregate gives the same files.
 matplotlib.rcParams["svg.hashsalt"] = "study-report"
-BOUNDED = {
-    "accuracy",
-    "f1",
-    "matthews_corr",
-    "pearson",
-    "spearman",
-    "ref_mlm_acc",
-    "ref_mask_acc",
-    "ref_rnd_acc",
-    "ref_keep_acc",
-    "sentence_acc",
-    "mfu",
-}
 REPLACEMENT_KEYS = ("masking.mask", "masking.keep", "masking.random")  # BERT Table 8 order: MASK/SAME/RND
 # The reference accuracies (study/pretrain/evaluate.py): over every asked position, and by what the position
 # showed: [MASK], another token, its own token (kept positions, which copying alone answers).

@@ -9,8 +9,8 @@ import math
 import numbers
 from typing import Any
 
+from study.metrics import is_bounded
 from study.report import stats as S
-from study.report.figures import BOUNDED
 
 
 def finite(x: Any) -> bool:
@@ -23,7 +23,7 @@ def fmt_value(x: Any, metric: str) -> str:
     from 10 up and two below: the same for a mean and the ends of its interval (111.0 [88.9, 132.0])."""
     if not finite(x):
         return "–"
-    if metric in BOUNDED:
+    if is_bounded(metric):
         return f"{100 * x:.1f}"
     if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
         return f"{x:,.0f}"
@@ -37,7 +37,7 @@ def fmt_diff(x: Any, metric: str) -> str:
     scores in pp."""
     if not finite(x):
         return "–"
-    if metric in BOUNDED:
+    if is_bounded(metric):
         return f"{100 * x:+.1f} pp"
     if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
         return f"{x:+,.0f}"

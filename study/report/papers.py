@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from study.levels import level_key
+from study.metrics import is_bounded
 from study.report import figures as F
 from study.report import references as R
 from study.report import stats as S
@@ -155,7 +156,7 @@ PLATEAU = "not trained past the plateau"
 
 def paper_diff_s(diff: float, metric: str) -> str:
     """The paper's difference in our unit rule (fmt_diff): tables print scores in percent, we store fractions."""
-    return fmt_diff(diff / 100 if metric in F.BOUNDED else diff, metric)
+    return fmt_diff(diff / 100 if is_bounded(metric) else diff, metric)
 
 
 def _plateau_levels(sf, levels: list[dict]) -> set[int]:

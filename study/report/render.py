@@ -28,7 +28,7 @@ import pandas as pd
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 from study.levels import level_key
-from study.metrics import COST_METRICS, param_columns, parse_metric
+from study.metrics import COST_METRICS, is_bounded, lower_is_better, param_columns, parse_metric
 from study.report import figures as F
 from study.report import stats as S
 from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS, plateau_hashes
@@ -301,7 +301,7 @@ def answer_sentence(sf: StudyFiles) -> dict:
             "kind": "plateau",
         }
     if len(s) >= 1:
-        lower_better = metric in ("ref_ppl", "ref_mlm_loss") or metric.endswith("loss")
+        lower_better = lower_is_better(metric)
         s = F.with_levels(s, sf.factor_keys, F.run_labels(plan, sf.factor_keys)).sort_values(
             "mean", ascending=lower_better
         )
@@ -424,7 +424,7 @@ def _summary_rows(sf: StudyFiles) -> list[dict]:
             "mean": fmt_value(r.mean, r.metric),
             "ci": fmt_ci(r.ci_low, r.ci_high, r.metric),
             "std": fmt_value(r.std, r.metric)
-            if r.metric not in F.BOUNDED
+            if not is_bounded(r.metric)
             else (f"{100 * r.std:.1f}" if finite(r.std) else "–"),
             "n": int(r.n),
         }

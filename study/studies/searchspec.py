@@ -6,7 +6,7 @@ optuna (spec parsing stays light) and without an import cycle (study/search/ imp
     search:
       objective: ref_mlm_loss              # a metrics.json key, "TASK/mode/metric", or {metric: weight, ...}
                                            # (names: study/metrics.py)
-      direction: minimize                  # default: minimize for *loss / *ppl, maximize otherwise
+      direction: minimize                  # default: minimize for *loss / *ppl / wall_s, maximize otherwise
       n_trials: 20                         # finished (complete + pruned) trials the study stops at
       timeout: 3600                        # seconds, per worker
       sampler: {kind: tpe, seed: 0}        # tpe | random | grid
@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from study.metrics import lower_is_better
 from study.schema import Seed, SeedList, Strict, cross_field_error
 from study.studies.specyaml import clip
 
@@ -178,8 +179,7 @@ class SearchSpec(Strict):
     def resolved_direction(self) -> Literal["minimize", "maximize"]:
         if self.direction is not None:
             return self.direction
-        metric = str(self.objective)
-        return "minimize" if metric.endswith(("loss", "ppl")) else "maximize"
+        return "minimize" if lower_is_better(str(self.objective)) else "maximize"
 
     @property
     def grace(self) -> int:
