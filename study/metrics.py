@@ -12,6 +12,8 @@ tidy table a pre-training metric has task = mode = "pretrain".
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -60,6 +62,12 @@ BOUNDED = frozenset(
 )
 LOWER_IS_BETTER_SUFFIXES = ("loss", "ppl")  # losses and perplexities; wall_s is named below
 LOWER_IS_BETTER = frozenset({"wall_s"})
+
+
+def finite(*xs: object) -> bool:
+    """Every x is a real, finite number: a value to show, test or train on. None, NaN, inf and bools are not
+    (numbers.Real covers numpy scalars too: np.int64 is not an int)."""
+    return all(isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
 
 
 def metric_name(metric: str) -> str:

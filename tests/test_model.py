@@ -11,6 +11,7 @@ import torch
 
 from study.config import ImplConfig, ModelConfig, RunConfig
 from study.errors import StudyError
+from study.model.attention import check_registry, register_dropout_attention
 from study.model.bert import (
     bits_dropout,
     build_model,
@@ -469,6 +470,53 @@ def test_bits_dropout_model_computes_what_the_stock_model_does(attn):
     gs, gb = grads(stock), grads(bits)
     for n in gs:
         assert torch.allclose(gs[n], gb[n], rtol=1e-4, atol=1e-6), n
+
+
+# --------------------------------------------------------------------------- transformers' attention registry
+# study/model/attention.py registers the bits- and seed- dropout kernels through transformers' attention
+# registries; these tests fail with a message naming what changed when an upgrade moves them.
+
+
+def test_transformers_attention_registry_still_has_what_we_register_through():
+    check_registry()  # raises a RuntimeError naming the missing entry
+
+
+def test_a_changed_registry_is_reported_by_name(monkeypatch):
+    from transformers.masking_utils import AttentionMaskInterface
+
+    monkeypatch.setattr(
+        AttentionMaskInterface, "__getitem__", lambda self, key: (_ for _ in ()).throw(KeyError(key))
+    )
+    with pytest.raises(
+        RuntimeError, match=r"changed its attention registry: AttentionMaskInterface\['eager'\]"
+    ):
+        check_registry()
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_registered_dropout_attention_is_what_the_model_calls(attn):
+    """A registered name in config._attn_implementation must reach our function: every layer's attention
+    probabilities pass through `drop` once in training (attention dropout > 0), never in evaluation."""
+    calls = []
+
+    def drop(probs, p):
+        calls.append((tuple(probs.shape), p))
+        return probs
+
+    assert register_dropout_attention("pin", drop) == ["pin-eager", "pin-sdpa"]
+    cfg = CFG.model_copy(update={"attention_dropout": 0.25})
+    m = build_model(cfg, VOCAB, True, ImplConfig(attention=attn), seed=1)
+    m.config._attn_implementation = f"pin-{attn}"
+    b = batch(3)
+    pretraining_loss(m.train(), **b)
+    assert calls == [((B, CFG.heads, L, L), 0.25)] * CFG.layers, (
+        f"transformers no longer routes attention through the registered 'pin-{attn}' kernel: "
+        "study/model/attention.py needs updating"
+    )
+    calls.clear()
+    with torch.no_grad():
+        pretraining_loss(m.eval(), **b)
+    assert calls == []
 
 
 # --------------------------------------------------------------------------- study.runtime

@@ -855,7 +855,7 @@ def test_pad_to_max_gives_the_same_loss_and_gradients(corpus, layout):
     loss and the same gradients as the trimmed ones."""
     from study.data.batches import Batches
     from study.data.prepare import prepare_data
-    from study.model.bert import IGNORE
+    from study.labels import IGNORE
     from study.pretrain.step import (
         LossModule,
         build_training_model,
@@ -907,7 +907,7 @@ def test_a_micro_batch_with_nothing_to_learn_trains_as_if_it_were_not_there():
     """A row's mask count is rounded at random, so a micro-batch can hold no masked token; with no sentence
     task it has no loss at all. Its backward crashed ("does not require grad"). Now it adds a zero that
     reaches every parameter (DDP needs a gradient for each): the step equals the one without that part."""
-    from study.model.bert import IGNORE
+    from study.labels import IGNORE
     from study.pretrain.step import (
         LossModule,
         build_training_model,

@@ -31,8 +31,9 @@ import torch
 
 from study.config import RunConfig
 from study.data.instances import build_instances
-from study.data.masking import IGNORE, mask_rows
+from study.data.masking import mask_rows
 from study.data.units import check_continuation
+from study.labels import IGNORE
 
 ORDER_TAG = 0x0DE7  # separates the data-order stream from other streams seeded by (seed, epoch)
 

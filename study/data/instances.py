@@ -44,6 +44,8 @@ from study.data.pairs import pair_spans
 from study.data.tokens import SpecialIds, TokenizedSplit
 from study.errors import StudyError
 
+# The evaluation seed: the fixed reference rows (reference_instances), their masks (masking.reference_masking)
+# and which of them are scored (pretrain/evaluate.py). Changing it changes every run's reference metrics.
 REFERENCE_SEED = 1234
 _TAG = 0x1257  # keeps instance streams apart from other streams derived from the same run seed
 

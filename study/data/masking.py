@@ -32,11 +32,11 @@ import torch
 from study.config import MaskingConfig
 from study.data import counter
 from study.data.counter import SCORE, SPLIT, WORD_COIN, WORD_KEY
+from study.data.instances import REFERENCE_SEED
 from study.data.tokens import SpecialIds
 from study.data.units import select
+from study.labels import IGNORE
 
-IGNORE = -100
-REFERENCE_SEED = 1234
 REFERENCE = MaskingConfig(
     rate=0.15, mask=0.8, random=0.1, keep=0.1, unit="token", count="exact", generator="numpy"
 )

@@ -47,14 +47,12 @@ import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
-from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from study.config import RunConfig
 from study.downstream.classifier import ADAM_BETAS, ADAM_EPS, GRAD_CLIP, Classifier, lr_lambda, task_loss
 from study.downstream.encode import Encoded, collate, epoch_batches, eval_batches
 from study.downstream.tasks import TaskSpec, compute_metrics
+from study.model.attention import register_dropout_attention
 from study.runtime import Runtime
 
 DROPOUT_TAG = 0x5EED_D209  # separates the per-step dropout seeds from any other use of a fine-tuning seed
@@ -104,31 +102,12 @@ class SeedDropout(torch.nn.Dropout):
         return x * _DRAWS.noise(x.shape, (1,) if x.dim() == 3 else (), self.p, x.dtype, x.device)
 
 
-def _seed_attention(kernel: str):
-    """`seed-<kernel>`: the stock kernel when there is no attention dropout (evaluation, or
-    attention_dropout 0), else eager attention (HF's eager_attention_forward's math) with SeedDropout's
-    masks on the probabilities [batch, heads, width, width]."""
-    stock = eager_attention_forward if kernel == "eager" else AttentionInterface._global_mapping[kernel]
-
-    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        if dropout == 0.0:
-            return stock(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
-        if attention_mask is not None and attention_mask.dtype == torch.bool:  # True = attend
-            attention_mask = torch.where(attention_mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
-        scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        probs = F.softmax(scores, dim=-1)
-        probs = probs * _DRAWS.noise(probs.shape, (2, 3), dropout, probs.dtype, probs.device)
-        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-    return attend
+def _seed_drop(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """SeedDropout's masks on the attention probabilities [batch, heads, width, width]."""
+    return probs * _DRAWS.noise(probs.shape, (2, 3), p, probs.dtype, probs.device)
 
 
-for _kernel in ("eager", "sdpa"):  # registered once, at import
-    AttentionInterface.register(f"seed-{_kernel}", _seed_attention(_kernel))
-    AttentionMaskInterface.register(f"seed-{_kernel}", AttentionMaskInterface._global_mapping[_kernel])
+register_dropout_attention("seed", _seed_drop)  # `seed-eager` / `seed-sdpa`, once, at import
 
 _DROPOUT_FUNCS = {
     F.dropout,

@@ -24,16 +24,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, BertConfig, BertForPreTraining
-from transformers.masking_utils import AttentionMaskInterface
-from transformers.models.bert.modeling_bert import eager_attention_forward
+from transformers import BertConfig, BertForPreTraining
 
 from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
+from study.labels import IGNORE
+from study.model.attention import register_dropout_attention
 from study.model.preln import PreLNForPreTraining, lm_head_features, preln_config
 from study.model.xent import linear_cross_entropy
 
-IGNORE = -100
 PAD_ID = 0  # the [PAD] id of every tokenizer study/data/tokenizer.py trains
 PreTrainingModel = BertForPreTraining | PreLNForPreTraining  # model.arch post_ln | pre_ln
 
@@ -245,32 +244,8 @@ class BitsDropout(torch.nn.Dropout):
         return bits_dropout(x, self.p) if self.training else x
 
 
-def _bits_attention(kernel: str):
-    """The attention function registered as `bits-<kernel>`: the stock kernel whenever there is no
-    dropout (evaluation, or attention_dropout 0), else eager attention with bits_dropout on the
-    probabilities (what SDPA itself falls back to on CPU when dropout_p > 0)."""
-    stock = eager_attention_forward if kernel == "eager" else AttentionInterface._global_mapping[kernel]
-
-    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        if dropout == 0.0:
-            return stock(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
-        if attention_mask is not None and attention_mask.dtype == torch.bool:  # sdpa's mask: True = attend
-            attention_mask = torch.zeros(
-                attention_mask.shape, dtype=query.dtype, device=query.device
-            ).masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
-        scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        probs = bits_dropout(F.softmax(scores, dim=-1), dropout)
-        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-    return attend
-
-
-for _kernel in ("eager", "sdpa"):  # registered once, at import, in every process (DDP workers too)
-    AttentionInterface.register(f"bits-{_kernel}", _bits_attention(_kernel))
-    AttentionMaskInterface.register(f"bits-{_kernel}", AttentionMaskInterface._global_mapping[_kernel])
+# `bits-eager` / `bits-sdpa`: attention with bits_dropout on the probabilities (use_bits_dropout picks it)
+register_dropout_attention("bits", bits_dropout)
 
 
 def use_bits_dropout(model: PreTrainingModel) -> PreTrainingModel:

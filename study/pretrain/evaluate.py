@@ -45,11 +45,12 @@ import numpy as np
 import torch
 
 from study.config import RunConfig
+from study.data.instances import REFERENCE_SEED
+from study.labels import IGNORE
 from study.model.bert import pretraining_loss
 
 EVAL_BATCH = 64  # fixed, so results do not depend on the training batch size
 SENTENCE_EVAL_SEED = 4321  # fixed: every run of one objective gets the same NSP/SOP pairs
-ROW_SEED = 1234  # which validation rows are scored (fixed)
 SHOWN = ("mask", "keep", "rnd")  # what an asked position shows: [MASK], its own token, another token
 
 
@@ -73,7 +74,8 @@ def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
     from the first documents), chosen by a fixed seed and kept in corpus order."""
     from study.data.masking import reference_masking
 
-    rows = np.sort(np.random.default_rng(ROW_SEED).permutation(len(inst.input_ids))[:n])
+    # which validation rows are scored: fixed, the reference seed
+    rows = np.sort(np.random.default_rng(REFERENCE_SEED).permutation(len(inst.input_ids))[:n])
     ids = torch.as_tensor(np.asarray(inst.input_ids[rows]), dtype=torch.long)
     # the mask key is the row's index in the full instance list: stable whatever n is
     inputs, labels = reference_masking(ids, special, torch.as_tensor(rows))
@@ -180,10 +182,10 @@ def spread(h_sum: torch.Tensor | None, h_sq: float, n: int) -> float:
 
 
 def shown_as(input_ids: torch.Tensor, labels: torch.Tensor, mask_id: int) -> dict[str, torch.Tensor]:
-    """What each asked position (labels != -100, row-major, the order of mlm_hits) shows the model:
+    """What each asked position (labels != IGNORE, row-major, the order of mlm_hits) shows the model:
     [MASK], its own token (kept), or another token (random). A random draw that hit the original token
     counts as kept: that is what the model saw."""
-    asked = labels != -100
+    asked = labels != IGNORE
     inp, lab = input_ids[asked], labels[asked]
     mask = inp == mask_id
     keep = ~mask & (inp == lab)
@@ -196,11 +198,11 @@ def mode_accuracy(es: EvalSet, shown: str | None = None) -> float:
     scores exactly this; see aggregate.learned_beyond_mode. shown ("mask" or "rnd", see `shown_as`):
     over the asked positions that show [MASK] only (the floor of ref_mask_acc), or another token."""
     if shown is None:
-        asked = es.labels[es.labels != -100]
+        asked = es.labels[es.labels != IGNORE]
     elif es.mask_id is None:  # a set built without its [MASK] id: no such positions to score
         return float("nan")
     else:
-        asked = es.labels[es.labels != -100][shown_as(es.input_ids, es.labels, es.mask_id)[shown]]
+        asked = es.labels[es.labels != IGNORE][shown_as(es.input_ids, es.labels, es.mask_id)[shown]]
     return float(torch.bincount(asked).max()) / asked.numel() if asked.numel() else float("nan")
 
 

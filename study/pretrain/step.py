@@ -32,7 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from study.config import RunConfig
-from study.model.bert import IGNORE, build_model, pretraining_loss, use_bits_dropout
+from study.labels import IGNORE
+from study.model.bert import build_model, pretraining_loss, use_bits_dropout
 from study.runtime import Dist, Runtime, param_groups
 
 
@@ -184,10 +185,6 @@ def read_steps(results: list[StepResult]) -> list[StepValues]:
         )
         for r, row in zip(results, rows, strict=True)
     ]
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and math.isfinite(x)
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -69,6 +69,7 @@ from study.data.prepare import prepare_data
 from study.data.tokenizer import save_beside_model
 from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
 from study.io import atomic_dir, file_lock, read_json
+from study.metrics import finite
 from study.model.bert import model_flops_per_token
 from study.paths import Layout
 from study.pretrain.checkpoint import (
@@ -93,7 +94,6 @@ from study.pretrain.step import (
     LossModule,
     StepResult,
     build_training_model,
-    finite,
     make_optimizer,
     pad_parts,
     pretrain_step,

@@ -5,17 +5,10 @@ Shared by the report's tables and sentences (render.py) and its paper comparison
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
-from study.metrics import is_bounded
+from study.metrics import finite, is_bounded
 from study.report import stats as S
-
-
-def finite(x: Any) -> bool:
-    # numbers.Real covers numpy scalars too (np.int64 is not an int).
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def fmt_value(x: Any, metric: str) -> str:

@@ -14,12 +14,12 @@ from typing import Any
 import pandas as pd
 
 from study.levels import level_key
-from study.metrics import is_bounded
+from study.metrics import finite, is_bounded
 from study.report import figures as F
 from study.report import references as R
 from study.report import stats as S
 from study.report.aggregate import NOISE_WORDS, SAME_WORDS, plateau_hashes
-from study.report.fmt import finite, fmt_ci, fmt_diff, human
+from study.report.fmt import fmt_ci, fmt_diff, human
 
 
 def _level_dicts(sf) -> tuple[list[dict], pd.DataFrame]:

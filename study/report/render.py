@@ -28,11 +28,11 @@ import pandas as pd
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text, read_json
 from study.levels import level_key
-from study.metrics import COST_METRICS, is_bounded, lower_is_better, param_columns, parse_metric
+from study.metrics import COST_METRICS, finite, is_bounded, lower_is_better, param_columns, parse_metric
 from study.report import figures as F
 from study.report import stats as S
 from study.report.aggregate import AVERAGED_NOTE, NOISE_WORDS, PAIRED_NOTE, TOO_FEW_WORDS, plateau_hashes
-from study.report.fmt import finite, fmt_ci, fmt_diff, fmt_value
+from study.report.fmt import fmt_ci, fmt_diff, fmt_value
 from study.report.papers import reference_sections
 from study.report.pooled import model_sentence
 from study.report.provenance import provenance_section, records

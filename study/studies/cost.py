@@ -29,6 +29,7 @@ import numpy as np
 from study.config import RunConfig
 from study.downstream.tasks import HUB, HUB_ROWS, load_task
 from study.errors import StudyError
+from study.labels import IGNORE
 
 # torch, transformers and the training modules are imported inside the functions that time steps:
 # `study plan --no-time` (tokens and parameters only) must not pay for importing them.
@@ -144,7 +145,7 @@ def _synthetic_parts(cfg: RunConfig) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab, (t.batch_size, seq), generator=g)
     labels = torch.where(
-        torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, -100)
+        torch.rand(ids.shape, generator=g) < cfg.masking.rate, ids, torch.full_like(ids, IGNORE)
     )
     sentence = torch.full((t.batch_size,), 0 if cfg.objective.sentence != "none" else -1, dtype=torch.long)
     return micro_batches(

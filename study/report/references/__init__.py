@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import numbers
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from study.errors import StudyError
 from study.levels import same_level
+from study.metrics import finite
 from study.report.stats import zero_width
 
 REFERENCE_DIR = Path(__file__).resolve().parent
@@ -244,10 +244,6 @@ def _verdict(paper_diff: float, ours: dict | None) -> str:
     return "agrees" if same else "disagrees"
 
 
-def _finite(*xs: Any) -> bool:
-    return all(isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) for x in xs)
-
-
 OVERLAP = "per-level 95% CIs overlap"
 SAME_SCORE = "no test: every seed at a level scored the same"
 
@@ -257,7 +253,7 @@ def unpaired(a: dict, b: dict) -> dict:
     ones are no verdict either way (`_verdict`: "not resolved"), since they are not a test. A CI of no
     width (every seed the same) measures no seed noise: no test, as for the paired SAME_DIFF."""
     noise = None
-    if _finite(a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
+    if finite(a.get("ci_low"), a.get("ci_high"), b.get("ci_low"), b.get("ci_high")):
         if zero_width(a["ci_low"], a["ci_high"]) or zero_width(b["ci_low"], b["ci_high"]):
             return {
                 "diff": b["mean"] - a["mean"],
