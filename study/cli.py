@@ -443,7 +443,7 @@ def cmd_report(args) -> int:
 def cmd_papers(args) -> int:
     """The study's "beside the papers" rows as Markdown on stdout (from its aggregate, as the report)."""
     from study.report.papers import papers_markdown
-    from study.report.render import load_study_dir
+    from study.report.studyfiles import load_study_dir
 
     study, layout = _study(args), _layout(args)
     print(papers_markdown(load_study_dir(layout.study_dir(study.name))), end="")

@@ -11,7 +11,9 @@ from scipy import stats
 
 from study.paths import Layout
 from study.report import stats as S
-from study.report.aggregate import NOISE_WORDS, TOO_FEW_WORDS, aggregate_study, compare, interpret, summarize
+from study.report.aggregate import aggregate_study
+from study.report.comparisons import NOISE_WORDS, TOO_FEW_WORDS, compare, interpret
+from study.report.units import summarize
 
 
 def test_wording():
@@ -317,7 +319,8 @@ def test_one_pretrained_model_uses_its_fine_tune_seeds_and_says_so(tmp_path):
     probe = base[base["mode"] == "probe"].iloc[0]
     assert probe["n_pretrained"] == 1 and probe["n_random"] == 1 and TOO_FEW_WORDS in probe["interpretation"]
     # with one design point, the report's one-sentence answer is that comparison
-    from study.report.render import answer_sentence, load_study_dir
+    from study.report.prose import answer_sentence
+    from study.report.studyfiles import load_study_dir
 
     plan["primary_metric"] = "SST-2/finetune/accuracy"
     ans = answer_sentence(load_study_dir(aggregate_study(plan, layout)))
@@ -453,7 +456,7 @@ def test_mde_at_the_alpha_its_row_is_tested_at(tmp_path):
 def test_baseline_with_no_spread_on_either_side_is_no_test():
     """Three pre-trained seeds that all score 0.8 against three random-init baselines that all score 0.7
     (e.g. the majority class): no spread, so no test and no direction, not "raises it beyond seed noise"."""
-    from study.report.aggregate import SAME_WORDS, baseline_gain
+    from study.report.comparisons import SAME_WORDS, baseline_gain
 
     rows = [
         {
@@ -481,7 +484,7 @@ def test_compare_in_a_one_at_a_time_design_uses_only_the_matching_cells():
     include g = 4's, which f = 0.3 has no counterpart of. Averaging them in would move the difference by
     half of g's effect; only the cell both levels share (g = 2) is compared. In a grid every cell is
     shared, and the words say the difference is averaged over g."""
-    from study.report.aggregate import compare
+    from study.report.comparisons import compare
 
     def tidy(cells):
         return pd.DataFrame(
@@ -601,7 +604,8 @@ def test_a_pair_without_a_shared_seed_is_kept_and_the_answer_says_so():
     the best level as if no comparison had been asked for; it is kept with n = 0 and the note."""
     from pathlib import Path
 
-    from study.report.render import StudyFiles, answer_sentence
+    from study.report.prose import answer_sentence
+    from study.report.studyfiles import StudyFiles
 
     t = _tidy({"accuracy": {"nsp": {0: 0.70, 1: 0.71}, "none": {2: 0.75}}})
     c = compare(t, SPEC, ("SST-2", "finetune", "accuracy"))
@@ -629,7 +633,8 @@ def test_an_exact_zero_difference_has_no_mde():
     from pathlib import Path
 
     from study.report.aggregate import statistics_note
-    from study.report.render import StudyFiles, methods_sentence
+    from study.report.prose import methods_sentence
+    from study.report.studyfiles import StudyFiles
 
     same = {0: 0.509, 1: 0.509, 2: 0.509}
     c = compare(_tidy({"accuracy": {"nsp": same, "none": same}}), SPEC, ("SST-2", "finetune", "accuracy"))
@@ -645,7 +650,7 @@ def test_an_exact_zero_difference_has_no_mde():
 def test_only_the_plans_fine_tune_seeds_and_tasks_are_read(tmp_path):
     """Seeds and tasks are not in the finetune_hash: after a spec drops a seed or a task, its old files
     still lie under the same hash and were averaged in (before); the plan's seeds and tasks decide."""
-    from study.report.aggregate import collect
+    from study.report.collect import collect
 
     layout = Layout(root=tmp_path / "results", reports=tmp_path / "reports")
     run = _fake_run(layout, "r0", "nsp", 0, 100.0, 0.7)  # SST-2 finetune seeds 0 and 1
@@ -755,8 +760,9 @@ def test_aggregate_carries_mlm_loss_finish_date_precision_and_fine_tune_commits(
 def test_the_dvc_metrics_count_of_runs_on_the_plateau_is_the_reports():
     """`not_beyond_mode` in results/metrics/study-<name>.json counted every run with learned False, the
     report only finished ones (a run killed between its metrics and its status reads pending): one rule now,
-    aggregate.plateau_hashes."""
-    from study.report.aggregate import plateau_hashes, study_metrics
+    collect.plateau_hashes."""
+    from study.report.aggregate import study_metrics
+    from study.report.collect import plateau_hashes
 
     runs = pd.DataFrame(
         {"run_hash": ["a", "b", "c"], "status": ["done", "pending", "done"], "learned": [False, False, True]}

@@ -423,7 +423,7 @@ def test_a_diverging_seed_is_recorded_and_the_rest_go_on(done, tmp_path, monkeyp
     """A non-finite fine-tuning loss stops that seed only (before: it escaped and stopped the whole study,
     with no record): its file says `diverged`, the other seed scores, a second call reuses both, and the
     aggregate lists the seed apart instead of averaging it."""
-    from study.report.aggregate import collect
+    from study.report.collect import collect
 
     cfg = make_cfg(done["glue"], tasks=["SST-2"], seeds=[0, 1], probe=False, epochs=1)
     cfg = cfg.model_copy(update={"impl": cfg.impl.model_copy(update={"finetune_batched_seeds": batched})})

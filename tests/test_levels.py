@@ -72,7 +72,7 @@ def test_keys_are_text_that_joins():
 def test_spec_checks_and_the_aggregate_agree_on_a_quoted_level(tmp_path):
     """compare a: '0.3' names the level 0.3: the spec check accepts it (it refused it before) and the
     aggregate pairs it, so a hint the check passes is one the report can use."""
-    from study.report.aggregate import compare
+    from study.report.comparisons import compare
 
     spec = tmp_path / "s.yaml"
     spec.write_text(

@@ -112,7 +112,7 @@ def test_trials_table_parameter_columns():
 def test_every_reader_sees_a_damaged_run_folder_the_same_way(tmp_path):
     """A status.json damaged from outside reads as pending everywhere (it trains again, which is safe);
     a history line cut by a kill is skipped, not fatal: aggregation, `study plan`'s status, the DVC copies."""
-    from study.report.aggregate import collect
+    from study.report.collect import collect
     from study.rundir import RunDir
     from study.studies.spec import load_study
 

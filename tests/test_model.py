@@ -367,7 +367,7 @@ def test_the_plateau_test_uses_mask_positions_when_the_run_has_them():
     """A run on the copy plateau (docs/RESULTS.md: 15% overall, 96% of kept tokens copied, 5.8% at [MASK]
     against a 5.5% floor) passed the old test and fails the new one; a run scored before ref_mask_acc
     existed keeps the old test."""
-    from study.report.aggregate import learned
+    from study.report.collect import learned
 
     old = {"ref_mlm_acc": 0.146, "ref_mode_acc": 0.0543, "ref_masked": 4711}
     assert learned(old) is True

@@ -25,16 +25,11 @@ from study.config import RunConfig
 from study.errors import StudyError
 from study.paths import Layout
 from study.report import references as R
-from study.report.render import (
-    StudyFiles,
-    answer_sentence,
-    load_study_dir,
-    provenance_section,
-    recipe_sentence,
-    render_index,
-    render_report,
-    search_summary,
-)
+from study.report.levelnames import REPLACEMENT_KEYS
+from study.report.prose import answer_sentence, recipe_sentence
+from study.report.provenance import provenance_section
+from study.report.render import render_index, render_report, search_summary
+from study.report.studyfiles import StudyFiles, load_study_dir
 from study.studies.spec import load_study
 
 REPO = Path(__file__).resolve().parents[1]
@@ -294,7 +289,7 @@ def test_collapsed_runs_are_flagged_at_the_top_and_listed(rendered):
 
 
 def test_a_run_beats_the_mode_floor_only_beyond_three_standard_errors():
-    from study.report.aggregate import learned_beyond_mode
+    from study.report.collect import learned_beyond_mode
 
     se = (0.05 * 0.95 / 10_000) ** 0.5
     assert learned_beyond_mode(0.05 + 3.1 * se, 0.05, 10_000) is True
@@ -577,7 +572,7 @@ def test_methods_sentence_states_rule_correction_threshold_and_mde(rendered):
 def test_methods_say_other_comparisons_could_not_be_tested_at_n2():
     """With n=2 there is no Holm family, but the table lists further rows: the sentence must not say
     there are none."""
-    from study.report.render import methods_sentence
+    from study.report.prose import methods_sentence
 
     st = {"alpha": 0.05, "min_n": 3, "bootstrap_min_n": 50, "power": 0.8, "family": 0, "primary": None}
     comps = pd.DataFrame(
@@ -655,7 +650,7 @@ def test_replacement_figure_shows_the_reference_accuracies_beside_the_downstream
     plan = json.loads((study_dir / "study.json").read_text())["plan"]
     extra = summary[summary["metric"] == "ref_mlm_acc"].assign(metric="ref_mask_acc")
     d = F.replacement(
-        pd.concat([summary, extra.assign(mean=extra["mean"] - 0.07)]), plan, list(F.REPLACEMENT_KEYS)
+        pd.concat([summary, extra.assign(mean=extra["mean"] - 0.07)]), plan, list(REPLACEMENT_KEYS)
     )
     ref, ft, probe = d.fig.axes
     assert [a.get_title() for a in (ref, ft, probe)] == [
@@ -666,7 +661,7 @@ def test_replacement_figure_shows_the_reference_accuracies_beside_the_downstream
     assert sorted(t.get_text() for t in ref.get_legend().get_texts()) == ["at [MASK]", "overall"]
     assert len(ref.containers) == 2 and all(len(c.lines[0].get_xdata()) == 3 for c in ref.containers)
     # without the reference rows the panel says so and the downstream panels still draw
-    d = F.replacement(summary[summary["task"] != "pretrain"], plan, list(F.REPLACEMENT_KEYS))
+    d = F.replacement(summary[summary["task"] != "pretrain"], plan, list(REPLACEMENT_KEYS))
     assert d.fig.axes[0].texts and d.fig.axes[1].containers
 
 
@@ -685,7 +680,7 @@ def test_every_figure_degrades_on_empty_or_odd_data(tmp_path):
     for fn in (
         lambda: F.mask_rate(empty, plan, ["masking.rate"]),
         lambda: F.depth(empty, plan, ["model.layers"]),
-        lambda: F.replacement(empty, plan, list(F.REPLACEMENT_KEYS)),
+        lambda: F.replacement(empty, plan, list(REPLACEMENT_KEYS)),
         lambda: F.generic(empty, plan, []),
         lambda: F.paired_differences(empty, plan),
         lambda: F.training_curves(empty),
@@ -890,7 +885,7 @@ def test_answer_gives_no_direction_from_runs_on_the_plateau(rendered, tmp_path):
 def test_papers_markdown_gives_the_reports_rows_and_verdicts(rendered):
     """`study papers` (docs' replication table): the same comparison rows and verdicts as the HTML."""
     from study.report.papers import papers_markdown
-    from study.report.render import load_study_dir
+    from study.report.studyfiles import load_study_dir
 
     _, html, study_dir = rendered("nsp", evil=True)
     md = papers_markdown(load_study_dir(study_dir))
@@ -982,7 +977,8 @@ MR = "masking.rate"
 def _masking_study(values: dict, learned=lambda lv, s: True, with_compare: bool = True) -> StudyFiles:
     """A masking-rate study (Wettig et al.'s table) from MNLI accuracies {level: {seed: [fine-tune scores]}},
     aggregated by the real compare/summarize; `learned(level, seed)` is each run's plateau flag."""
-    from study.report.aggregate import compare, summarize
+    from study.report.comparisons import compare
+    from study.report.units import summarize
 
     rows = [
         {
@@ -1101,7 +1097,7 @@ def test_an_interval_of_no_width_is_no_test_beside_the_papers_or_between_levels(
 def test_runs_at_a_level_are_found_when_the_level_reads_as_a_float():
     """The answer's plateau guard and left-out clause find a plan's runs at 4 when the level comes back as
     4.0 (a float64 column), as the comparison itself does."""
-    from study.report.render import left_out, plateau_runs
+    from study.report.problems import left_out, plateau_runs
 
     plan = {
         "name": "d",
@@ -1259,7 +1255,7 @@ def test_replacement_figure_draws_the_floor_and_keeps_its_legends_off_the_interv
     their tick."""
     from study.report import figures as F
 
-    keys = list(F.REPLACEMENT_KEYS)
+    keys = list(REPLACEMENT_KEYS)
     rows = [
         {
             "task": t,

@@ -20,7 +20,7 @@ Two accuracies, each with its floor (always predicting the most frequent asked t
 - ref_mask_acc / ref_mask_mode_acc over the asked positions that show [MASK] (80% of them). The 10% shown
   unchanged are copied by any trained model, so ref_mlm_acc reads about 0.1 + 0.9 x mode (~15% at the
   cpu profile's vocabulary) for a model that knows nothing beyond unigrams; ref_mask_acc is what the
-  context taught it, and the plateau test (report.aggregate.learned) uses it when present.
+  context taught it, and the plateau test (report.collect.learned) uses it when present.
 Beside them, by what an asked position shows (`shown_as`): ref_keep_acc over the positions shown unchanged,
 ref_rnd_acc (with its floor, which the plateau test counts too) over those shown as another token. BERT
 Table 8's splits train these differently (a 100%-[MASK] run never sees the kept or random cases, a
@@ -195,7 +195,7 @@ def shown_as(input_ids: torch.Tensor, labels: torch.Tensor, mask_id: int) -> dic
 def mode_accuracy(es: EvalSet, shown: str | None = None) -> float:
     """Accuracy of always predicting the set's most frequent asked token: the floor a run must beat to
     have learned more than that one token. A collapsed model (every position -> the same token)
-    scores exactly this; see aggregate.learned_beyond_mode. shown ("mask" or "rnd", see `shown_as`):
+    scores exactly this; see report.collect.learned_beyond_mode. shown ("mask" or "rnd", see `shown_as`):
     over the asked positions that show [MASK] only (the floor of ref_mask_acc), or another token."""
     if shown is None:
         asked = es.labels[es.labels != IGNORE]

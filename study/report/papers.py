@@ -2,7 +2,7 @@
 scale against theirs, and a row per paper difference with ours next to it and a verdict.
 
 The matching and verdicts are study/report/references/'s; this module turns a study's aggregate
-(render.StudyFiles) into what the report's "beside the papers" sections show.
+(studyfiles.StudyFiles) into what the report's "beside the papers" sections show.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import pandas as pd
 
 from study.levels import level_key
 from study.metrics import finite, is_bounded
-from study.report import figures as F
 from study.report import references as R
 from study.report import stats as S
-from study.report.aggregate import NOISE_WORDS, SAME_WORDS, plateau_hashes
+from study.report.collect import plateau_hashes
+from study.report.comparisons import NOISE_WORDS, SAME_WORDS
 from study.report.fmt import fmt_ci, fmt_diff, human
+from study.report.levelnames import level_label, run_labels
 
 
 def _level_dicts(sf) -> tuple[list[dict], pd.DataFrame]:
@@ -161,7 +162,7 @@ def paper_diff_s(diff: float, metric: str) -> str:
 
 def _plateau_levels(sf, levels: list[dict]) -> set[int]:
     """Indices of the levels with a finished run that did not learn past the most frequent token: the
-    answer's guard (render.plateau_runs), applied to each level's runs (all its factor values match)."""
+    answer's guard (problems.plateau_runs), applied to each level's runs (all its factor values match)."""
     bad = plateau_hashes(sf.runs)
     runs = [r for r in sf.plan.get("runs", []) if r["run_hash"] in bad]
     return {
@@ -234,7 +235,7 @@ def reference_sections(sf) -> list[dict]:
                 "note": cmp["note"],
                 "confounders": cmp["confounders"],
                 "matched": {
-                    F.level_label(levels[i], sf.factor_keys, F.run_labels(plan, sf.factor_keys)): lab
+                    level_label(levels[i], sf.factor_keys, run_labels(plan, sf.factor_keys)): lab
                     for i, lab in cmp["matched"].items()
                 },
                 "table_cols": [c.name for c in ref.columns],

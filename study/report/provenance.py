@@ -63,7 +63,7 @@ def _counts(n_pre: int, n_ft: int) -> str:
 
 
 def provenance_section(sf) -> dict:
-    """What the template's Provenance section shows, from a render.StudyFiles."""
+    """What the template's Provenance section shows, from a studyfiles.StudyFiles."""
     prov = sf.study.get("provenance") or {}
     pre: dict[str, list] = {}
     hardware, packages = {}, {}

@@ -159,7 +159,7 @@ def check_one_finetune_recipe(first: PlannedRun, run: PlannedRun, source: str) -
 def check_report_hints(study: Study) -> None:
     """report.x, hue, compare and primary_metric checked against what the study's runs will produce.
 
-    The aggregate (study/report/aggregate.py `collect`) makes one column per factor key, i.e. every
+    The aggregate (study/report/collect.py `collect`) makes one column per factor key, i.e. every
     dotted key a design point sets, next to `label`; the figures draw against `x` among those columns
     (a search also against its searched keys), and `compare` pairs level `a` with level `b` of one
     column by pre-training seed. Checked here, a typo costs a second instead of a whole study: the

@@ -154,7 +154,7 @@ class Study:
         }
 
 
-# The recipe a report's methods paragraph states (study.report.render.recipe_sentence): the settings a reader
+# The recipe a report's methods paragraph states (study.report.prose.recipe_sentence): the settings a reader
 # needs to know what was pre-trained and how it was fine-tuned, whether or not a factor varies them.
 RECIPE_KEYS = (
     "model.arch",
