@@ -541,6 +541,13 @@ def _grid(cells: list[tuple], fac: str = "f", other: str = "g") -> pd.DataFrame:
 GRID = {"factor": "f", "a": 0.15, "b": 0.4}
 
 
+def test_compare_pairs_a_quoted_level():
+    """A level written '0.15' (as a spec may quote it) is the level 0.15 (study/levels.py)."""
+    cells = [(lv, 0, s, [0.7 + 0.1 * (lv == 0.3) + 0.01 * s]) for lv in (0.15, 0.3) for s in (0, 1)]
+    row = compare(_grid(cells), {"factor": "f", "a": "0.15", "b": "0.3"}).iloc[0]
+    assert row["n"] == 2 and row["diff"] == pytest.approx(0.1)
+
+
 def test_a_grid_pairs_only_the_seeds_that_have_every_shared_cell():
     """b is +0.5 pp in every cell and seed; cell g=4 is +10 pp. Seed 3 lost its b run at g=4: its b mean
     covered only g=2 while its a mean covered both, a -4.5 pp difference that made the average -0.7 pp.

@@ -69,11 +69,9 @@ def test_keys_are_text_that_joins():
     assert "|".join(level_key(v) for v in (0.15, "nsp", True)) == "0.15|nsp|True"
 
 
-def test_spec_checks_and_the_aggregate_agree_on_a_quoted_level(tmp_path):
-    """compare a: '0.3' names the level 0.3: the spec check accepts it (it refused it before) and the
-    aggregate pairs it, so a hint the check passes is one the report can use."""
-    from study.report.comparisons import compare
-
+def test_the_spec_check_accepts_a_quoted_level(tmp_path):
+    """compare a: '0.15' names the level 0.15: the spec check accepts it (it refused it before), as the
+    aggregate pairs it (tests/test_aggregate.py, test_compare_pairs_a_quoted_level)."""
     spec = tmp_path / "s.yaml"
     spec.write_text(
         "name: t\ndefaults:\n  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64}\n"
@@ -81,24 +79,6 @@ def test_spec_checks_and_the_aggregate_agree_on_a_quoted_level(tmp_path):
         "report:\n  compare: {factor: masking.rate, a: '0.15', b: '0.3'}\n"
     )
     assert len(load_study(spec).runs) == 4
-    tidy = pd.DataFrame(
-        [
-            {
-                "task": "SST-2",
-                "mode": "finetune",
-                "metric": "accuracy",
-                "init": "pretrained",
-                "pretrain_seed": s,
-                "finetune_seed": 0,
-                "value": 0.7 + 0.1 * (rate == 0.3) + 0.01 * s,
-                "masking.rate": rate,
-            }
-            for rate in (0.15, 0.3)
-            for s in (0, 1)
-        ]
-    )
-    row = compare(tidy, {"factor": "masking.rate", "a": "0.15", "b": "0.3"}).iloc[0]
-    assert row["n"] == 2 and row["diff"] == pytest.approx(0.1)
 
 
 def test_duplicate_levels_in_a_spec_are_refused_however_spelled(tmp_path):
