@@ -6,6 +6,7 @@
     units.py         the units the statistics count; summary.csv
     comparisons.py   paired comparisons (the answer) and pre-trained vs random init
     stats.py         intervals and tests valid at the number of seeds that ran; Holm; minimum detectable effect
+    pooled.py        a comparison's pooled level + seed model; sees.py: which metrics see pre-training
     studyfiles.py    an aggregate read back (`load_study_dir`)
     levelnames.py    how levels, metrics and design points are named
     plotting.py, levelfigures.py, figures.py   seaborn figures from the tables
