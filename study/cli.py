@@ -12,15 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from study.errors import (
-    EXIT_CTRL_C,
-    EXIT_DIVERGED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    Diverged,
-    Interrupted,
-    StudyError,
-)
+from study.errors import EXIT_DIVERGED, Diverged, StudyError, environmental, run_main
 from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
 from study.rundir import RunDir
 
@@ -375,6 +367,8 @@ def _guarded(run: RunDir, fn, label: str) -> int:
         print(f"run {label} diverged: {exc}", file=sys.stderr)
         return EXIT_DIVERGED
     except Exception as exc:  # noqa: BLE001 - recorded, reported, and the study goes on
+        if environmental(exc):  # a full disk is not this run's failure: stop (errors.run_main), it resumes
+            raise
         run.write_status("failed", error=f"{type(exc).__name__}: {exc}")
         print(f"run {label} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -646,21 +640,9 @@ def _check_folders(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> int:
         _check_folders(args)
         return args.fn(args)
-    except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (
-        Interrupted
-    ) as exc:  # SIGTERM or Ctrl-C: runs checkpointed and stay pending; the next command resumes
-        print(f"interrupted: {exc}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:  # a second Ctrl-C, or one outside pre-training: every file written is whole
-        print(
-            "stopped at once (Ctrl-C): the same command resumes from the last checkpoint and the results "
-            "already written",
-            file=sys.stderr,
-        )
-        return EXIT_CTRL_C
+
+    return run_main(body)

@@ -53,9 +53,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             "io.replace", str(path)
         )  # the fault suite kills here: the temp file is complete, not yet renamed
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write() names no file: name it,
+            exc.filename = str(path)  # so a full disk's one-line message says where (errors.message)
         raise
 
 

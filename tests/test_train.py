@@ -25,10 +25,11 @@ from study.config import RunConfig
 from study.data.corpus import with_fingerprint
 from study.errors import EXIT_INTERRUPTED, Diverged, Interrupted, StudyError
 from study.paths import Layout
+from study.pretrain.__main__ import main
 from study.pretrain.checkpoint import read_checkpoint
 from study.pretrain.evaluate import short_reference_set
 from study.pretrain.schedule import lr_curve
-from study.pretrain.trainer import NAN_ENV, main, train_run
+from study.pretrain.trainer import NAN_ENV, train_run
 from study.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,16 +35,14 @@ What it guarantees (each one tested in tests/test_train.py):
 - Files (through study/rundir.py's RunDir) besides the contract's: events.jsonl (one line per session
   start, resume, rejected checkpoint, divergence; never truncated) so history.jsonl of a resumed run
   equals an uninterrupted run's.
-- Driver: `python -m study.pretrain CONFIG.json --results DIR` (also under torchrun; `python -m
-  study.pretrain.trainer` too); exit 2 / 3 as the CLI, 143 when interrupted by SIGTERM or Ctrl-C.
+- Driver: study/pretrain/__main__.py (`python -m study.pretrain CONFIG.json --results DIR`, also under
+  torchrun).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -53,7 +51,6 @@ import time
 import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -63,12 +60,11 @@ from tqdm import tqdm
 from study import faults
 from study.config import RunConfig
 from study.data.batches import Batches
-from study.data.corpus import with_fingerprint
 from study.data.instances import build_instances
 from study.data.prepare import prepare_data
 from study.data.tokenizer import save_beside_model
-from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
-from study.io import atomic_dir, file_lock, read_json
+from study.errors import Diverged, Interrupted, StudyError
+from study.io import atomic_dir, file_lock
 from study.metrics import finite
 from study.model.bert import model_flops_per_token
 from study.paths import Layout
@@ -687,38 +683,3 @@ class Trainer:
             remove_checkpoints(rd.ckpt_dir)
         barrier(self.dist)
         return metrics
-
-
-# --------------------------------------------------------------------------- driver
-def main(argv: list[str] | None = None, prog: str = "python -m study.pretrain") -> int:
-    """`python -m study.pretrain CONFIG.json [--results DIR]`: one run from a resolved config.
-
-    Also the torchrun entry point: `torchrun --nproc_per_node 2 -m study.pretrain cfg.json`.
-    """
-    ap = argparse.ArgumentParser(prog=prog)
-    ap.add_argument("config", help="a RunConfig as JSON (e.g. a run folder's config.json)")
-    ap.add_argument("--results", default="results")
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        raw = read_json(args.config)
-        raw.pop("run_hash", None)
-        # a bare config gets its corpus fingerprint here (part of the run hash); one that has it is checked
-        cfg = with_fingerprint(RunConfig.model_validate(raw), source=args.config)
-        metrics = train_run(cfg, Layout(root=Path(args.results)), quiet=args.quiet)
-    except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Diverged as exc:
-        print(f"diverged: {exc}", file=sys.stderr)
-        return EXIT_DIVERGED
-    except Interrupted as exc:
-        print(f"interrupted: {exc}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if dist_env().main:
-        print(json.dumps({k: metrics[k] for k in ("ref_mlm_loss", "ref_mlm_acc", "steps", "tokens_seen")}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(prog="python -m study.pretrain.trainer"))

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from study.errors import EXIT_USAGE, StudyError
+from study.errors import run_main
 from study.paths import Layout
 from study.search.storage import STORAGE_HELP
 from study.search.trials import write_best
@@ -80,14 +79,10 @@ def add_parser(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m study.search search|search-best ...`; a StudyError exits 2 with one line."""
+    """`python -m study.search search|search-best ...`; errors end as `study`'s do (errors.run_main)."""
     p = argparse.ArgumentParser(prog="python -m study.search")
     p.add_argument("--results", default="results")
     p.add_argument("--reports", default="reports")
     add_parser(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)
-    try:
-        return args.fn(args)
-    except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_main(lambda: args.fn(args))
