@@ -149,6 +149,7 @@ BAD = {
     "missing_base": ("name: t\nbase: nowhere.yaml\n", "base"),
     "seeds_empty": ("name: t\nseeds: []\n", "seeds"),
     "design": ("name: t\ndesign: random\n", "design"),
+    "runs_empty": ("name: t\nruns: []\n", "runs: an empty list"),  # it planned one base run, silently
     "dupe_labels": ("name: t\nruns:\n  - {label: x}\n  - {label: x}\n", "runs"),
     "run_bad_key": ("name: t\nruns:\n  - {label: x, set: {model.depth: 3}}\n", "model.depth"),
     "finetune_seeds": ("name: t\ndefaults:\n  finetune: {seeds: []}\n", "finetune.seeds"),

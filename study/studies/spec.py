@@ -483,6 +483,13 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
 
 
 def _design_points(spec: SpecFile, source: str) -> list[tuple[str, dict[str, Any]]]:
+    if "runs" in spec.model_fields_set and not spec.runs:  # it planned the base run alone, silently
+        raise StudyError(
+            "an empty list names no run",
+            field="runs",
+            source=source,
+            allowed="one or more {label, set} entries, or no `runs:` key (then `factors`, or the base run)",
+        )
     for key, levels in spec.factors.items():
         if not levels:
             raise StudyError("empty list of levels", field=f"factors.{key}", source=source)
