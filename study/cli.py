@@ -478,9 +478,11 @@ def cmd_curve(args) -> int:
 
 
 def cmd_sync(args) -> int:
-    from study.studies.sync import SELECTION_FILE, stamp, write_runs_file
+    from study.studies.selection import SELECTION_FILE
+    from study.studies.stamps import stamp
+    from study.studies.sync import write_runs_file
 
-    if args.stamp:  # the last command of a dvc.yaml stage: its manifest (study/studies/sync.py)
+    if args.stamp:  # the last command of a dvc.yaml stage: its manifest (study/studies/stamps.py)
         print(stamp(args.stamp, Path(args.out), Path(args.results), args.of))
         return 0
     if args.of is not None:

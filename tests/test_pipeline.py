@@ -30,7 +30,10 @@ from ruamel.yaml import YAML  # DVC's own YAML reader (installed with dvc)
 
 from study.cli import main as study_main
 from study.errors import StudyError
-from study.studies.sync import is_stale, pipeline_document, read_selection, render, runs_document, stamp
+from study.studies.pipeline import pipeline_document, render, runs_document
+from study.studies.selection import read_selection
+from study.studies.stamps import stamp
+from study.studies.sync import is_stale
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ import yaml
 
 from study.cli import main as study_main
 from study.errors import StudyError
-from study.studies.sync import CODE, DATA_CODE, pipeline_document, runs_document
+from study.studies.pipeline import CODE, DATA_CODE, pipeline_document, runs_document
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -276,7 +276,7 @@ def test_a_stamp_sees_a_same_size_rewrite_whose_mtime_was_restored(tmp_path):
     import os
     import time
 
-    from study.studies.sync import _Digests
+    from study.studies.stamps import _Digests
 
     root, cache = tmp_path / "run", tmp_path / "cache.json"
     root.mkdir()
