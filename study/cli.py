@@ -66,126 +66,23 @@ def cmd_validate(args) -> int:
     return 0
 
 
-def _left_to_train(runs, layout: Layout) -> list:
-    """Configs of the runs that still train (what `--jobs auto` is sized by): a finished or diverged run
-    returns at once."""
-    return [r.config for r in runs if r.status(layout) not in ("done", "diverged")]
-
-
 def cmd_plan(args) -> int:
-    from study.parallel import resolve_jobs, with_threads
-    from study.studies.cost import (
-        estimate_seconds,
-        finetune_is_bound,
-        makespan,
-        param_count,
-        planned_tokens,
-        study_finetune_seconds,
-    )
+    from study.parallel import resolve_jobs
+    from study.studies.plan import left_to_train, plan_detect, plan_lines, plan_rows
 
     study, layout = _study(args), _layout(args)
     if args.detect is not None:
-        return _plan_detect(args, study, layout)
+        print(plan_detect(study, layout, args.detect, args.sd))
+        return 0
     if args.sd is not None:  # silently ignoring it would look like an answer that used it
         raise StudyError("is used only with --detect", field="--sd", allowed="--detect EFFECT --sd SD")
     # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
-    jobs = resolve_jobs(args.jobs, _left_to_train(study.runs, layout))
-    ft_runs, ft_base = ({}, {}) if args.no_time else study_finetune_seconds(study.runs, layout, jobs)
-    rows = []
-    for run in study.runs:
-        t = run.config.train
-        secs = None if args.no_time else estimate_seconds(with_threads(run.config, jobs))
-        ft = ft_runs.get(run.run_hash)
-        rows.append(
-            {
-                "hash": run.run_hash,
-                "label": run.label,
-                "seed": run.seed,
-                "status": run.status(layout),
-                "factors": run.factors,
-                "est_tokens": planned_tokens(run.config),
-                "est_seconds": round(secs, 3) if secs is not None else None,
-                "est_finetune_seconds": round(ft, 3) if ft is not None else None,
-                "finetune_upper_bound": finetune_is_bound(run.config),
-                "budget": f"{t.amount:g} {t.budget}",
-                "params_M": round(param_count(run.config) / 1e6, 2),
-            }
-        )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"study {study.name}: {len(rows)} runs  ({study.spec.question})")
-    print(f"{'hash':12}  {'status':8}  {'seed':>4}  {'params':>7}  {'tokens':>10}  {'est.time':>8}  label")
-    for r in rows:
-        est = f"{r['est_seconds'] / 60:.1f}min" if r["est_seconds"] is not None else "-"
-        print(
-            f"{r['hash']:12}  {r['status']:8}  {r['seed']:>4}  {r['params_M']:>6}M  "
-            f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}"
-        )
-    total = sum(r["est_tokens"] or 0 for r in rows)
-    pending = [r["est_seconds"] or 0 for r in rows if r["status"] != "done"]
-    print(f"total: {total:,} training tokens")
-    if args.no_time:
-        print("time: not estimated (--no-time)")
-        return 0
-    ft = [*ft_runs.values(), *ft_base.values()]
-    ft_wall = None if None in ft else (sum(ft) if jobs == 1 else makespan(ft, jobs))
-    if ft_wall is None:
-        ft_text = "unknown (task data not on disk)"
-    else:
-        amount = f"{ft_wall / 60:.0f} min" if jobs == 1 else f"{ft_wall / 60:.0f} min wall"
-        ft_text = (
-            f"at most {amount} (GLUE from the hub, not downloaded: its published row counts, every row "
-            "at finetune.max_length)"
-            if any(r["finetune_upper_bound"] for r in rows)
-            else f"~{amount}"
-        )
-    pre_wall = sum(pending) if jobs == 1 else makespan(pending, jobs)
-    pre_text = (
-        f"~{pre_wall / 60:.0f} min"
-        if jobs == 1
-        else f"~{pre_wall / 60:.0f} min wall ({sum(pending) / 60:.0f} min of runs, {jobs} at a time)"
-    )
+    jobs = resolve_jobs(args.jobs, left_to_train(study.runs, layout))
+    rows, ft = plan_rows(study, layout, jobs, timed=not args.no_time)
     print(
-        f"still to do on this machine: pre-training {pre_text}, fine-tuning and probes {ft_text} (measured "
-        f"step times x steps{'; side-by-side contention not modelled' if jobs > 1 else ''}; data preparation "
-        "and evaluation not included)"
-    )
-    if (
-        ft_wall is not None
-    ):  # the figure to hold against a budget (issue 21: a cpu study within 3 h on 2 cores)
-        h, m = divmod(round((pre_wall + ft_wall) / 60), 60)
-        print(
-            f"in all: ~{h} h {m:02d} min{' wall' if jobs > 1 else ''} (the two above; against cpu studies measured "
-            "whole, 5-20% low: evaluation, loading and contention are not in it)"
-        )
-    return 0
-
-
-def _plan_detect(args, study, layout) -> int:
-    """`study plan SPEC --detect 1pp [--sd S]`: pre-training seeds the primary comparison needs."""
-    # Lazy like every command's imports: the aggregate needs pandas.
-    from study.metrics import metric_range, parse_metric
-    from study.report.aggregate import measured_sd
-    from study.report.stats import detect_plan
-
-    metric = parse_metric(study.spec.report.primary_metric, field="report.primary_metric")
-    bounds = metric_range(metric.name)
-    bounded = bounds is not None
-    span = bounds[1] - bounds[0] if bounds else 1.0  # the widest difference
-    d = detect_plan(
-        args.detect,
-        sd=args.sd,
-        measured=measured_sd(layout.study_dir(study.name)),
-        bounded=bounded,
-        span=span,
-    )
-    unit = (lambda v: f"{100 * v:.2g} pp") if bounded else (lambda v: f"{v:.3g}")
-    seeds = f"{d['seeds']} pre-training seeds" if d["seeds"] else "more than 10,000 pre-training seeds"
-    print(
-        f"study {study.name}, primary metric {metric}: to detect a difference of {unit(d['effect'])} with "
-        f"{100 * d['power']:.0f}% power (two-sided paired t-test, alpha {d['alpha']:g}) at an SD of paired "
-        f"differences of {unit(d['sd'])} ({d['sd_source']}): {seeds} per level."
+        json.dumps(rows, indent=2)
+        if args.json
+        else "\n".join(plan_lines(study, rows, ft, jobs, not args.no_time))
     )
     return 0
 
@@ -227,10 +124,11 @@ def cmd_pretrain(args) -> int:
     --jobs N trains N runs side by side, one process each (study/parallel.py), the longest (in training
     FLOPs) first."""
     from study.parallel import resolve_jobs, run_all, with_threads
+    from study.studies.plan import left_to_train
 
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
-    jobs = resolve_jobs(getattr(args, "jobs", 1), _left_to_train(runs, layout))
+    jobs = resolve_jobs(getattr(args, "jobs", 1), left_to_train(runs, layout))
     if jobs > 1:  # the longest runs first, so that none of them starts last beside idle cores
         from study.studies.cost import training_flops
 

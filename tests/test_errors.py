@@ -120,11 +120,12 @@ def test_the_search_and_pretrain_drivers_map_as_the_cli_does(tmp_path, monkeypat
     not know a full disk."""
     import study.pretrain.__main__ as pretrain_main
     import study.search.cli as search_cli
+    import study.search.worker as search_worker
 
     def interrupted(*a, **k):
         raise Interrupted(None)
 
-    monkeypatch.setattr(search_cli, "run_search", interrupted)
+    monkeypatch.setattr(search_worker, "run_search", interrupted)
     assert search_cli.main(["--results", str(tmp_path), "search", "x.yaml"]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err.startswith("interrupted: ")
 

@@ -13,12 +13,19 @@ trial reuses a grid study's finished run and a pruned trial leaves a resumable r
     trials.py     trials.csv (columns: study/metrics.py), best.json, the best trial as a spec
     cli.py        the commands; `python -m study.search` runs them alone
 
-optuna is imported only inside functions: `study --help` and spec validation import this package and
-must stay fast.
+Entry points load on first use (study/lazy.py), and optuna only inside functions: `study --help` imports
+this package (the parser registers `search`), and the search modules import studies/spec.py, which
+imports report/ and scipy (3.4 s of `study --help`, measured with `python -X importtime`).
 """
 
-from study.search.checks import load_search
-from study.search.trials import write_best
-from study.search.worker import run_search
+from study.lazy import exports
 
 __all__ = ["load_search", "run_search", "write_best"]
+__getattr__ = exports(
+    __name__,
+    {
+        "load_search": "study.search.checks",
+        "run_search": "study.search.worker",
+        "write_best": "study.search.trials",
+    },
+)

@@ -10,8 +10,6 @@ from pathlib import Path
 from study.errors import run_main
 from study.paths import Layout
 from study.search.storage import STORAGE_HELP
-from study.search.trials import write_best
-from study.search.worker import run_search
 
 
 def _layout(args) -> Layout:
@@ -19,6 +17,9 @@ def _layout(args) -> Layout:
 
 
 def cmd_search(args) -> int:
+    # lazy: the search modules import studies/spec.py and, through it, scipy (study/search/__init__.py)
+    from study.search.worker import run_search
+
     ostudy = run_search(
         args.spec,
         storage=args.storage,
@@ -45,6 +46,8 @@ def cmd_search(args) -> int:
 
 
 def cmd_search_best(args) -> int:
+    from study.search.trials import write_best  # lazy: as run_search in cmd_search
+
     out = write_best(args.spec, args.out, storage=args.storage, layout=_layout(args), profile=args.profile)
     print(f"best configuration written to {out} (re-train: study run {out})")
     return 0
