@@ -602,7 +602,7 @@ def test_result_files_record_the_resolved_recipe(done):
 
 def test_correlations_are_printed_as_plain_numbers():
     """`study finetune`'s line printed CoLA's MCC and STS-B's Spearman as percentages (before)."""
-    from study.cli import _ft_summary
+    from study.work import ft_summary as _ft_summary
 
     res = [
         {"task": "CoLA", "mode": "finetune", "primary_metric": "matthews_corr", "primary": 0.1234},
