@@ -28,8 +28,9 @@ from study.paths import Layout
 from study.pretrain.__main__ import main
 from study.pretrain.checkpoint import read_checkpoint
 from study.pretrain.evaluate import short_reference_set
+from study.pretrain.loop import NAN_ENV
 from study.pretrain.schedule import lr_curve
-from study.pretrain.trainer import NAN_ENV, train_run
+from study.pretrain.trainer import train_run
 from study.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,13 +318,13 @@ def test_tokens_budget_and_no_sentence_task(corpus, layout, tmp_path):
 
 
 def test_seconds_budget_stops_on_time_and_says_it_cannot_resume_bitwise(corpus, layout, monkeypatch):
-    """A seconds budget follows the clock the trainer reads (time.perf_counter in study.pretrain.trainer, read
+    """A seconds budget follows the clock the trainer reads (time.perf_counter in study.pretrain.loop and .trainer, read
     at each step's start and end). Here that clock is fake and moves 1/8 s per reading, so every step lasts
     exactly 1/8 s whatever the machine's speed: a 1 s budget is 8 steps, and the LR schedule follows it."""
     readings = itertools.count()
-    monkeypatch.setattr(
-        "study.pretrain.trainer.time", types.SimpleNamespace(perf_counter=lambda: next(readings) / 8)
-    )
+    fake = types.SimpleNamespace(perf_counter=lambda: next(readings) / 8)
+    monkeypatch.setattr("study.pretrain.trainer.time", fake)
+    monkeypatch.setattr("study.pretrain.loop.time", fake)
     cfg = make_cfg(corpus, train__budget="seconds", train__amount=1.0, train__warmup=0.06, impl__log_every=1)
     lay = layout("r")
     m = train_run(cfg, lay, quiet=True)
@@ -1278,9 +1279,9 @@ def test_meta_and_metrics_name_the_precision_alike(corpus, layout):
 def test_quiet_training_prints_a_heartbeat(corpus, layout, monkeypatch, capsys):
     """Without a bar (--quiet, the DVC stages), a line on stderr every HEARTBEAT_S at a log step, so a long
     stage shows where it is; with the bar on, none (the bar says it)."""
-    from study.pretrain import trainer as tr
+    from study.pretrain import loop
 
-    monkeypatch.setattr(tr, "HEARTBEAT_S", 0.0)
+    monkeypatch.setattr(loop, "HEARTBEAT_S", 0.0)
     cfg = make_cfg(corpus, train__amount=4, impl__log_every=2)
     train_run(cfg, layout("a"), quiet=True)
     beats = [

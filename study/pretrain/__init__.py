@@ -1,7 +1,10 @@
 """The pre-training stage: `train_run` (one run into results/runs/<run_hash>/, resumable) and
 `rescore_run` (score a finished run's saved model again with today's evaluation).
 
-    trainer.py     train_run and the loop: resume, logging, evaluation, divergence, results
+    trainer.py     train_run and one session of a run: setup, resume, checkpoints, evaluation
+    loop.py        the loop (a mixin of the Trainer): budget progress, LR, steps, log-window syncs, logging
+    results.py     a finished run's metrics.json, model folder, meta.json and status
+    checks.py      what a config and its prepared data must satisfy before training (no torch)
     step.py        one optimizer step (also what `study plan` times), the model and optimizer it runs on
     schedule.py    the LR schedule over budget progress
     checkpoint.py  checkpoint files (digest-verified) and RNG state

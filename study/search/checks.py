@@ -14,6 +14,7 @@ from study.config import RunConfig
 from study.downstream.tasks import TASKS
 from study.errors import StudyError
 from study.metrics import PRETRAIN_METRICS, parse_metric
+from study.pretrain.checks import check_config  # what the trainer itself would refuse at runtime
 from study.search.configs import base_point, corners, resolve_settings, trial_config
 from study.studies.checks import suggest
 from study.studies.searchspec import SPLIT_KEYS, SearchSpec
@@ -78,9 +79,6 @@ def load_search(path: str | Path, profile: str | None = None) -> tuple[Study, Se
             allowed="wilcoxon (across seeds), none",
         )
     check_objective(search, probes, source)
-    # Lazy: the trainer imports torch, which `study validate` of a spec without a search never needs.
-    from study.pretrain.trainer import check_config  # what the trainer itself would refuse at runtime
-
     for cfg in probes:
         try:
             check_config(cfg)
