@@ -14,7 +14,7 @@ import numpy as np
 from study.config import RunConfig
 from study.paths import Layout
 from study.report.aggregate import aggregate_study
-from study.studies.spec import recipe_values
+from study.studies.specfile import recipe_values
 
 EVIL = '<script>alert("x")</script> & "quoted" \'label\''
 

@@ -87,7 +87,7 @@ def _untested_others(sf: StudyFiles, min_n: int) -> str:
 
 def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
     """What was pre-trained (one sentence) and how it was fine-tuned (another), from the plan's recipe
-    (study.studies.spec.recipe_values). A setting that differs between runs lists every value ("2 / 4 / 6
+    (study.studies.specfile.recipe_values). A setting that differs between runs lists every value ("2 / 4 / 6
     layers"). Empty for an aggregate written before plans carried the recipe. `eval_rows` (study.json's,
     {task: [dev rows scored]}) gives each task's own count: a cap is only an upper bound (MRPC's dev has 408)."""
     r = plan.get("recipe")

@@ -10,17 +10,15 @@ Each raises a StudyError naming the file, the dotted field and what is allowed.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from study.downstream.tasks import get_task
 from study.errors import StudyError
 from study.levels import same_level  # the one level rule (spec.py imports it from here)
 from study.metrics import parse_metric
 from study.paths import SAFE_NAME_ALLOWED, safe_name
+from study.studies.specfile import PlannedRun, SpecFile, Study
 from study.studies.specyaml import clip, short
-
-if TYPE_CHECKING:  # annotations only: spec.py imports this module
-    from study.studies.spec import PlannedRun, SpecFile, Study
 
 
 def suggest(word: str, options: list[str]) -> str:
