@@ -8,6 +8,9 @@ results/
   finetune/random-<hash>/  the random-init baseline for one architecture + tokenizer
   studies/<name>/          aggregate tables of one study
   search/<name>/           optuna storage and exported best spec
+  metrics/, plots/         copies of runs' and studies' metrics and loss curves for `dvc metrics/plots`
+  curves/<run_hash>.*      `study curve`'s learning curves
+  .locks/                  one trainer per run across processes
   .cache/<kind>/           derived and disposable: tokenized GLUE splits and fine-tuning locks
                            (finetune), dvc stamp digests (stamps); kept out of every DVC dependency
 reports/<name>/index.html  one self-contained report per study; reports/index.html lists them
@@ -67,3 +70,27 @@ class Layout:
 
     def report_dir(self, name: str) -> Path:
         return self.reports / _folder(name)
+
+    def metrics_file(self, name: str) -> Path:
+        """results/metrics/<name>.json: a run's (its hash) or a study's (study-<name>) metrics for `dvc
+        metrics show`; DVC forbids a metrics file inside another output, so not in the run folder."""
+        return self.root / "metrics" / f"{name}.json"
+
+    def plot_file(self, name: str) -> Path:
+        """results/plots/<name>.csv: a run's or a study's loss curve for `dvc plots show` (as metrics_file)."""
+        return self.root / "plots" / f"{name}.csv"
+
+    def curves_dir(self) -> Path:
+        """results/curves/: `study curve`'s CSV and PNG per run hash; not inside the run folder, whose files
+        RunDir owns and the study stage's stamp digests."""
+        return self.root / "curves"
+
+    def lock_file(self, name: str) -> Path:
+        """results/.locks/<name>.lock: one process at a time trains a run (train-<hash>) or runs a trial's
+        check-then-train (run-<hash>)."""
+        return self.root / ".locks" / f"{name}.lock"
+
+    @classmethod
+    def of_study_dir(cls, study_dir: Path) -> Layout:
+        """The results layout a study folder (results/studies/<name>) belongs to."""
+        return cls(root=Path(study_dir).parent.parent)

@@ -120,14 +120,13 @@ class RunDir:
 
         DVC forbids a metrics or plots file inside another output, so the run folder can't declare its own.
         """
-        root = self.layout.root
         atomic_write_json(
-            root / "metrics" / f"{self.run_hash}.json", {"status": self.status().status, **self.metrics()}
+            self.layout.metrics_file(self.run_hash), {"status": self.status().status, **self.metrics()}
         )
         lines = ["step,tokens,loss,lr"]
         for ev in self.loss_curve():
             lines.append(f"{ev['step']},{ev.get('tokens', '')},{ev['loss']},{ev.get('lr', '')}")
-        atomic_write_text(root / "plots" / f"{self.run_hash}.csv", "\n".join(lines) + "\n")
+        atomic_write_text(self.layout.plot_file(self.run_hash), "\n".join(lines) + "\n")
 
 
 def _read_dict(path: Path) -> dict:

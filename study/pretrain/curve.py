@@ -67,9 +67,8 @@ class Curve:
 
 
 def curves_dir(layout: Layout) -> Path:
-    """results/curves/: beside runs/, keyed by run hash like it; not inside the run folder, whose files
-    RunDir owns and the study stage's stamp digests."""
-    return layout.root / "curves"
+    """results/curves/ (Layout.curves_dir)."""
+    return layout.curves_dir()
 
 
 def with_evals(cfg: RunConfig, every: int) -> RunConfig:

@@ -128,11 +128,7 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
         return found
     with compute_init(cfg.impl, dist) as rt:
         # one trainer per run across processes (a second `study run` waits here, then finds the run done)
-        lock = (
-            file_lock(layout.root / ".locks" / f"train-{run_hash}.lock")
-            if dist.main
-            else contextlib.nullcontext(True)
-        )
+        lock = file_lock(layout.lock_file(f"train-{run_hash}")) if dist.main else contextlib.nullcontext(True)
         with lock, torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
             if dist.main:  # another process may have finished it while we waited for the lock
                 found = finished_metrics(rd)

@@ -115,7 +115,7 @@ class Objective:
         # Two trials (two workers) may draw the same config: one trains, the other waits and reuses.
         # train_run has its own lock, but this one also covers the check-then-replay below, so the
         # waiting trial reports the finished run's eval curve to the pruner instead of nothing.
-        with file_lock(self.layout.root / ".locks" / f"run-{h}.lock"):
+        with file_lock(self.layout.lock_file(f"run-{h}")):
             if run.status().done:
                 if report_curve:  # replay its eval curve so the pruner can compare against it
                     for ev in run.history():

@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
+from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
 from study.config import RunConfig
@@ -35,8 +37,6 @@ from study.studies.spec import Study
 def create_or_load(storage, study: Study, search: SearchSpec, base: RunConfig):
     """The optuna study of this spec in `storage`; one that holds another objective, or trials of another
     space or other settings (search_fingerprint), is a StudyError."""
-    import optuna  # only once a search runs: this package is imported by the CLI
-
     fingerprint = search_fingerprint(study, search)  # before the storage is written: a bad spec fails first
     ostudy = optuna.create_study(
         storage=storage,
@@ -86,8 +86,6 @@ def run_search(
     A worker does not leave while other trials are still running: if one of them belongs to a dead
     worker, it is this worker that notices (heartbeat) and runs the retry.
     """
-    import optuna
-    from optuna.trial import TrialState
 
     study, search = load_search(spec, profile=profile)
     n_trials = n_trials if n_trials is not None else search.n_trials
@@ -116,77 +114,74 @@ def run_search(
     bar = tqdm(total=n_trials, desc=f"search {study.name}", unit="trial", disable=quiet)
     t0, failures = time.monotonic(), 0
     try:
-        while True:
-            if timeout is not None and time.monotonic() - t0 >= timeout:
+        while timeout is None or time.monotonic() - t0 < timeout:
+            action = _next_action(ostudy, search, n_trials, bar)
+            if action == "stop":
                 break
-            optuna.storages.fail_stale_trials(ostudy)
-            trials = ostudy.get_trials(deepcopy=False)
-            counts = {s: sum(t.state == s for t in trials) for s in TrialState}
-            finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
-            bar.n = min(finished, n_trials or finished)
-            bar.refresh()
-            if (
-                n_trials is not None
-                and finished >= n_trials
-                and not counts[TrialState.WAITING]
-                and not counts[TrialState.RUNNING]
-            ):
-                # Not while a trial still runs, even with enough finished: its worker may be dead, and once
-                # the last worker has left nobody fails it by heartbeat (it stayed RUNNING for ever: seen in
-                # CI, journal storage). The waits below run until it ends or its retry comes as WAITING.
-                break
-            if (
-                search.sampler.kind == "grid"
-                and not counts[TrialState.WAITING]
-                and not grid_open_points(ostudy, trials)
-            ):
-                if not counts[TrialState.RUNNING]:
-                    break  # every point was run
-                # a new trial would only duplicate a running point; wait (a dead holder's retry comes as WAITING)
+            if action == "wait":  # others are finishing the last trials, or a grid point's holder runs
                 time.sleep(min(search.heartbeat_interval, 2))
                 continue
-            if (
-                n_trials is not None
-                and not counts[TrialState.WAITING]
-                and finished + counts[TrialState.RUNNING] >= n_trials
-            ):
-                time.sleep(min(search.heartbeat_interval, 2))  # others are finishing the last trials
-                continue
-            try:
-                ostudy.optimize(objective, n_trials=1, catch=(Exception,))
-            except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
-                if not _failed_as_stale(exc):
-                    raise
-                # our heartbeat was late (machine or storage stalled) and another worker failed the trial as
-                # stale; it has been re-queued (up to search.max_retry times), so not an error of this worker
-                print(
-                    f"warning: {exc} (failed as stale by another worker; {_requeued(ostudy)})",
-                    file=sys.stderr,
-                )
-                continue  # not a failure of this worker's trial: the count of failures in a row stays
-            last = max(
-                (t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker_id()),
-                key=lambda t: t.number,
-                default=None,
-            )
-            if last is not None and "duplicate_of" in last.user_attrs:
-                continue  # stood aside for another trial on its grid point: neither a failure nor a success
-            failures = failures + 1 if last is not None and last.state == TrialState.FAIL else 0
-            if failures >= 3:
-                raise StudyError(
-                    f"3 trials in a row failed in this worker; last: "
-                    f"{last.system_attrs.get('fail_reason', 'see the log above')}",
-                    field="search",
-                )
+            failures = _one_trial(ostudy, objective, failures)
     finally:
         bar.close()
         export_trials(ostudy, out_dir / "trials.csv")
     return ostudy
 
 
+def _next_action(ostudy, search: SearchSpec, n_trials: int | None, bar) -> str:
+    """ "stop", "wait" or "run" a trial, from the trials' states in the storage (the bar shows them)."""
+    optuna.storages.fail_stale_trials(ostudy)
+    trials = ostudy.get_trials(deepcopy=False)
+    counts = {s: sum(t.state == s for t in trials) for s in TrialState}
+    finished = counts[TrialState.COMPLETE] + counts[TrialState.PRUNED]
+    bar.n = min(finished, n_trials or finished)
+    bar.refresh()
+    waiting, running = counts[TrialState.WAITING], counts[TrialState.RUNNING]
+    if n_trials is not None and finished >= n_trials and not waiting and not running:
+        # Not while a trial still runs, even with enough finished: its worker may be dead, and once
+        # the last worker has left nobody fails it by heartbeat (it stayed RUNNING for ever: seen in
+        # CI, journal storage). The waits below run until it ends or its retry comes as WAITING.
+        return "stop"
+    if search.sampler.kind == "grid" and not waiting and not grid_open_points(ostudy, trials):
+        # every point was run; or a new trial would only duplicate a running point: wait (a dead
+        # holder's retry comes as WAITING)
+        return "wait" if running else "stop"
+    if n_trials is not None and not waiting and finished + running >= n_trials:
+        return "wait"  # others are finishing the last trials
+    return "run"
+
+
+def _one_trial(ostudy, objective, failures: int) -> int:
+    """Run one trial of this worker; the number of this worker's trials in a row that failed, a
+    StudyError at 3."""
+    try:
+        ostudy.optimize(objective, n_trials=1, catch=(Exception,))
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+        if not _failed_as_stale(exc):
+            raise
+        # our heartbeat was late (machine or storage stalled) and another worker failed the trial as
+        # stale; it has been re-queued (up to search.max_retry times), so not an error of this worker
+        print(f"warning: {exc} (failed as stale by another worker; {_requeued(ostudy)})", file=sys.stderr)
+        return failures  # not a failure of this worker's trial: the count of failures in a row stays
+    last = max(
+        (t for t in ostudy.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker_id()),
+        key=lambda t: t.number,
+        default=None,
+    )
+    if last is not None and "duplicate_of" in last.user_attrs:
+        return failures  # stood aside for another trial on its grid point: neither a failure nor a success
+    failures = failures + 1 if last is not None and last.state == TrialState.FAIL else 0
+    if failures >= 3:
+        raise StudyError(
+            f"3 trials in a row failed in this worker; last: "
+            f"{last.system_attrs.get('fail_reason', 'see the log above')}",
+            field="search",
+        )
+    return failures
+
+
 def _requeued(ostudy) -> str:
     """What became of this worker's last trial after another worker failed it as stale."""
-    from optuna.trial import TrialState
 
     # FAIL only: a retry is created with the dead trial's user attrs, this worker's id among them
     mine = [
@@ -210,7 +205,6 @@ def _requeued(ostudy) -> str:
 def _failed_as_stale(exc: Exception) -> bool:
     """optuna's two ways of saying our trial was already finished by someone else: a write to it
     (UpdateFinishedTrialError), or the final tell after the objective failed ("Cannot tell a FAIL trial")."""
-    import optuna
 
     return isinstance(exc, optuna.exceptions.UpdateFinishedTrialError) or str(exc).startswith(
         "Cannot tell a FAIL trial"

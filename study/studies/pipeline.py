@@ -12,6 +12,7 @@ import yaml
 
 from study.errors import StudyError
 from study.io import hash_obj
+from study.paths import Layout
 from study.studies.selection import SELECTION_FILE, load_selected, selection_entry
 from study.studies.spec import Study
 
@@ -74,6 +75,7 @@ CODE = {
 # The stamps (`study sync --stamp`): small JSON files that git carries (cache: false outputs), so that every
 # dependency of a study stage exists in a fresh clone (see `pipeline_document`).
 MANIFESTS = "pipeline"
+DVC = Layout()  # the stages run `study` with its default folders (results/, reports/): dvc.yaml's paths
 
 
 def _cmd(*parts: str) -> str:
@@ -171,7 +173,7 @@ def _stamp(stage: str, *extra: str) -> str:
 
 
 def plot_file(name: str) -> str:
-    return f"results/plots/study-{name}.csv"
+    return DVC.plot_file(f"study-{name}").as_posix()
 
 
 def curve_columns(s: dict) -> list[tuple[str, str]]:
@@ -201,7 +203,7 @@ def pipeline_document(doc: dict) -> dict:
         stages[f"data-{dh}"] = {
             "cmd": f"{prepare} && {_stamp(f'data-{dh}')}",
             "deps": [*DATA_CODE, *d["sources"]],
-            "outs": [f"results/data/{dh}", {manifest(f"data-{dh}"): {"cache": False}}],
+            "outs": [DVC.data_dir(dh).as_posix(), {manifest(f"data-{dh}"): {"cache": False}}],
         }
     studies = doc["studies"]
     used = {"study": bool(studies), "search": any(s["search"] for s in studies.values())}
@@ -213,71 +215,87 @@ def pipeline_document(doc: dict) -> dict:
         }
     plots, metrics = [], []
     for name, s in studies.items():
-        spec, args = s["spec"], s["args"]
-        inputs = [spec, *s["bases"], *(manifest(f"data-{dh}") for dh in s["data"])]  # for study and search
-        # --keep-going: a failed/diverged run is recorded in its folder and the study goes on to its report.
-        # The spec is a dependency: `dvc exp run -S SPEC:defaults.finetune.epochs=2` reruns the stage.
-        stages[f"study-{name}"] = {
-            # --jobs auto: side by side on a CPU (one run per core), one at a time on an accelerator
-            "cmd": " && ".join(
-                [
-                    _cmd("study pretrain", spec, args, "--quiet --keep-going --jobs auto"),
-                    _cmd("study finetune", spec, args, "--quiet --jobs auto"),
-                    _cmd("study aggregate", spec, args, "--quiet"),
-                    _cmd("study report", spec, args, "--quiet"),
-                    _stamp(f"study-{name}", f"--of {stage_of(s)}"),
-                ]
-            ),
-            # Every dependency is a file git carries (the spec, its bases, the data and code stamps, which
-            # `study sync` writes as placeholders until their stages run), none an output only DVC's cache
-            # holds: so `dvc repro --dry study-<s>` answers in a fresh clone, where DVC would otherwise hash
-            # the missing upstream output and fail (treeverse/dvc#9021). Not the GLUE task folders: a fresh
-            # machine without them runs the study (the report records those tasks as skipped) rather than
-            # failing on a missing dependency; a task folder added later needs `dvc repro -f -s study-<s>`.
-            "deps": [*inputs, manifest("code-study")],
-            # The aggregate and the report are cached: `dvc pull` brings both. persist on the manifest: DVC
-            # then never restores this stage from its run cache instead of running it (the manifest stands
-            # for run folders that restoring would not bring back).
-            "outs": [
-                f"results/studies/{name}",
-                f"reports/{name}",
-                {manifest(f"study-{name}"): {"persist": True, "cache": False}},
-            ],
-        }
+        inputs = [s["spec"], *s["bases"], *(manifest(f"data-{dh}") for dh in s["data"])]  # study and search
+        stages[f"study-{name}"] = _study_stage(name, s, inputs)
         # the study's metrics (written by `study aggregate`, carried by git): a top-level entry that
         # `dvc metrics show` reads, not an output every no-op hashes
-        metrics.append(f"results/metrics/study-{name}.json")
+        metrics.append(DVC.metrics_file(f"study-{name}").as_posix())
         if s["search"]:
-            # one optuna worker; the storage persists so the search builds up. Trials train into
-            # results/runs/<hash> like any run (not declared: a trial equal to a declared run is that run).
-            stages[f"search-{name}"] = {
-                "cmd": _cmd("study search", spec, args, "--quiet")
-                + " && "
-                + _cmd("study search-best", spec, args, f"--out results/search/{name}/best.yaml"),
-                "params": [{spec: ["search"]}],
-                # what the study stage reads (a trial is a run of the spec at its profile, on its data)
-                "deps": [*inputs, manifest("code-search")],
-                "outs": [{f"results/search/{name}": {"persist": True, "cache": False}}],
-            }
+            stages[f"search-{name}"] = _search_stage(name, s, inputs)
         if s["runs"]:
-            # one plot per study, a line per run: the stamp writes the runs' loss side by side (a column
-            # per run) into a file git carries; not a stage output
-            plots.append(
-                {
-                    f"loss-{name}": {
-                        "template": "linear",
-                        "x": "step",
-                        "title": f"{name}: training loss",
-                        "y": {plot_file(name): [c for c, _ in curve_columns(s)]},
-                    }
-                }
-            )
+            plots.append(_loss_plot(name, s))
     out: dict = {"stages": stages}
     if metrics:
         out["metrics"] = metrics
     if plots:
         out["plots"] = plots
     return out
+
+
+def _study_stage(name: str, s: dict, inputs: list[str]) -> dict:
+    spec, args = s["spec"], s["args"]
+    # --keep-going: a failed/diverged run is recorded in its folder and the study goes on to its report.
+    # The spec is a dependency: `dvc exp run -S SPEC:defaults.finetune.epochs=2` reruns the stage.
+    return {
+        # --jobs auto: side by side on a CPU (one run per core), one at a time on an accelerator
+        "cmd": " && ".join(
+            [
+                _cmd("study pretrain", spec, args, "--quiet --keep-going --jobs auto"),
+                _cmd("study finetune", spec, args, "--quiet --jobs auto"),
+                _cmd("study aggregate", spec, args, "--quiet"),
+                _cmd("study report", spec, args, "--quiet"),
+                _stamp(f"study-{name}", f"--of {stage_of(s)}"),
+            ]
+        ),
+        # Every dependency is a file git carries (the spec, its bases, the data and code stamps, which
+        # `study sync` writes as placeholders until their stages run), none an output only DVC's cache
+        # holds: so `dvc repro --dry study-<s>` answers in a fresh clone, where DVC would otherwise hash
+        # the missing upstream output and fail (treeverse/dvc#9021). Not the GLUE task folders: a fresh
+        # machine without them runs the study (the report records those tasks as skipped) rather than
+        # failing on a missing dependency; a task folder added later needs `dvc repro -f -s study-<s>`.
+        "deps": [*inputs, manifest("code-study")],
+        # The aggregate and the report are cached: `dvc pull` brings both. persist on the manifest: DVC
+        # then never restores this stage from its run cache instead of running it (the manifest stands
+        # for run folders that restoring would not bring back).
+        "outs": [
+            DVC.study_dir(name).as_posix(),
+            DVC.report_dir(name).as_posix(),
+            {manifest(f"study-{name}"): {"persist": True, "cache": False}},
+        ],
+    }
+
+
+def _search_stage(name: str, s: dict, inputs: list[str]) -> dict:
+    spec, args = s["spec"], s["args"]
+    # one optuna worker; the storage persists so the search builds up. Trials train into
+    # results/runs/<hash> like any run (not declared: a trial equal to a declared run is that run).
+    return {
+        "cmd": _cmd("study search", spec, args, "--quiet")
+        + " && "
+        + _cmd(
+            "study search-best",
+            spec,
+            args,
+            f"--out {(DVC.search_dir(name) / 'best.yaml').as_posix()}",
+        ),
+        "params": [{spec: ["search"]}],
+        # what the study stage reads (a trial is a run of the spec at its profile, on its data)
+        "deps": [*inputs, manifest("code-search")],
+        "outs": [{DVC.search_dir(name).as_posix(): {"persist": True, "cache": False}}],
+    }
+
+
+def _loss_plot(name: str, s: dict) -> dict:
+    # one plot per study, a line per run: the stamp writes the runs' loss side by side (a column
+    # per run) into a file git carries; not a stage output
+    return {
+        f"loss-{name}": {
+            "template": "linear",
+            "x": "step",
+            "title": f"{name}: training loss",
+            "y": {plot_file(name): [c for c, _ in curve_columns(s)]},
+        }
+    }
 
 
 def pipeline_text(doc: dict) -> str:

@@ -16,7 +16,7 @@ from study.errors import StudyError
 from study.io import atomic_write_json, atomic_write_text, read_json, sha256_file
 from study.paths import Layout
 from study.rundir import RunDir
-from study.studies.pipeline import CODE, MANIFESTS, curve_columns, plot_file, stage_of, study_entry
+from study.studies.pipeline import CODE, MANIFESTS, curve_columns, stage_of, study_entry
 from study.studies.spec import load_study
 
 
@@ -71,7 +71,7 @@ def _run_status(results: Path, run_hash: str) -> str:
     return RunDir(Layout(root=results), run_hash).status().status  # no file, or an unreadable one: "pending"
 
 
-def _write_curves(s: dict, results: Path, file_name: str) -> None:
+def _write_curves(s: dict, results: Path, name: str) -> None:
     """results/plots/study-<s>.csv: step, then each run's training loss (`dvc plots show`, one line per run)."""
     by_step: dict[int, dict[str, float]] = {}
     columns = curve_columns(s)
@@ -84,7 +84,7 @@ def _write_curves(s: dict, results: Path, file_name: str) -> None:
         ",".join([str(step), *(str(row.get(c, "")) for c in columns)])
         for step, row in sorted(by_step.items())
     ]
-    atomic_write_text(results / "plots" / file_name, "\n".join(lines) + "\n")
+    atomic_write_text(Layout(root=results).plot_file(f"study-{name}"), "\n".join(lines) + "\n")
 
 
 def stamp(stage: str, runs_file: Path, results: Path, of: str | None = None) -> str:
@@ -93,12 +93,13 @@ def stamp(stage: str, runs_file: Path, results: Path, of: str | None = None) -> 
     folder) or study-<name> (status and digest of each run folder, and of the study's own results in each
     fine-tune folder; it also writes the loss plot's file). One line back."""
     kind, _, name = stage.partition("-")
-    digests, note = _Digests(Layout(root=results).cache_dir("stamps") / f"{stage}.json"), ""
+    lay = Layout(root=results)
+    digests, note = _Digests(lay.cache_dir("stamps") / f"{stage}.json"), ""
     if kind == "code" and name in CODE:
         body = {"paths": {p: digests.tree(Path(p)) for p in CODE[name]}}
         what = f"{len(CODE[name])} code paths"
     elif kind == "data" and re.fullmatch(r"[0-9a-f]+", name):
-        body = {"data": digests.tree(results / "data" / name)}
+        body = {"data": digests.tree(lay.data_dir(name))}
         what = f"{body['data']['files']} data files"
     elif kind == "study":
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML has it
@@ -124,16 +125,14 @@ def stamp(stage: str, runs_file: Path, results: Path, of: str | None = None) -> 
                 f"\nnote: {listed['spec']} now has other runs or another recipe than dvc.yaml was generated "
                 "for: `study sync` brings dvc.yaml and study_runs.yaml up to date"
             )
-        runs = {
-            h: {"status": _run_status(results, h), **digests.tree(results / "runs" / h)} for h in s["runs"]
-        }
+        runs = {h: {"status": _run_status(results, h), **digests.tree(lay.run_dir(h))} for h in s["runs"]}
         # the study's own results in each fine-tune folder (<task>/<finetune hash>/), not other recipes'
         finetune = {
-            k: digests.tree(results / "finetune" / k, recipe=v["finetune"])
+            k: digests.tree(lay.finetune_dir(k), recipe=v["finetune"])
             for k, v in [*s["runs"].items(), *s["baselines"].items()]
         }
         body = {"runs": runs, "finetune": finetune}
-        _write_curves(s, results, Path(plot_file(name)).name)
+        _write_curves(s, results, name)
         done = sum(r["status"] == "done" for r in runs.values())
         what = (
             f"{len(runs)} runs ({done} done), {sum(f['files'] for f in finetune.values())} fine-tune results "
