@@ -44,6 +44,7 @@ ROOT_CODE = [
         "rundir",
         "runtime",
         "schema",
+        "work",
     )
 ]
 
