@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from study.errors import EXIT_DIVERGED, StudyError, run_main
+from study.parallel import resolve_jobs, run_all, with_threads
 from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
 from study.rundir import RunDir
 from study.search.cli import add_parser as add_search_parser
@@ -30,6 +31,7 @@ def _study(args):
 
 def _load_checked(path, profile):
     """The spec, with its `search:` block checked too (keys, ranges, objective) when it has one."""
+    # lazy: spec.py imports scipy (3 s of study --help)
     from study.studies.spec import load_study
 
     if profile is not None and not safe_name(profile):  # it names folders (results/studies/<name>-<profile>)
@@ -44,6 +46,7 @@ def _load_checked(path, profile):
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args) -> int:
+    # lazy: spec.py imports scipy (3 s of study --help)
     from study.studies.spec import load_study
 
     for path in args.specs:
@@ -67,7 +70,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from study.parallel import resolve_jobs
+    # lazy: spec.py imports scipy (3 s of study --help)
     from study.studies.plan import left_to_train, plan_detect, plan_lines, plan_rows
 
     study, layout = _study(args), _layout(args)
@@ -88,6 +91,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_data(args) -> int:
+    # lazy: tokenizers (0.3 s)
     from study.data.prepare import describe, prepare_data
 
     study = _study(args)
@@ -99,6 +103,7 @@ def cmd_data(args) -> int:
 
 
 def cmd_prepare(args) -> int:
+    # lazy: tokenizers (0.3 s)
     from study.data.prepare import prepare_data
 
     study = _study(args)
@@ -123,15 +128,14 @@ def cmd_pretrain(args) -> int:
     --keep-going (used by dvc.yaml) asks for 0 so the pipeline carries on to the report.
     --jobs N trains N runs side by side, one process each (study/parallel.py), the longest (in training
     FLOPs) first."""
-    from study.parallel import resolve_jobs, run_all, with_threads
+    # lazy: spec.py imports scipy (3 s of study --help)
+    from study.studies.cost import training_flops
     from study.studies.plan import left_to_train
 
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
     jobs = resolve_jobs(getattr(args, "jobs", 1), left_to_train(runs, layout))
     if jobs > 1:  # the longest runs first, so that none of them starts last beside idle cores
-        from study.studies.cost import training_flops
-
         runs = sorted(runs, key=lambda r: -training_flops(r.config))
     items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
@@ -150,7 +154,6 @@ def cmd_pretrain(args) -> int:
 def cmd_finetune(args) -> int:
     """Fine-tune (and probe) finished runs, or with --baseline KEY the random-init baseline.
     --jobs N fine-tunes N models side by side, one process each (study/parallel.py)."""
-    from study.parallel import resolve_jobs, run_all, with_threads
 
     study, layout = _study(args), _layout(args)
     resolve_jobs(getattr(args, "jobs", 1), [])  # a bad --jobs fails here, before a skipped.json is written
@@ -179,6 +182,7 @@ def cmd_rescore(args) -> int:
 
 
 def cmd_aggregate(args) -> int:
+    # lazy: pandas, matplotlib (seconds)
     from study.report.aggregate import aggregate_study
 
     study, layout = _study(args), _layout(args)
@@ -188,6 +192,7 @@ def cmd_aggregate(args) -> int:
 
 
 def cmd_report(args) -> int:
+    # lazy: pandas, matplotlib (seconds)
     from study.report.render import render_index, render_report
 
     study, layout = _study(args), _layout(args)
@@ -206,6 +211,7 @@ def cmd_report(args) -> int:
 
 def cmd_papers(args) -> int:
     """The study's "beside the papers" rows as Markdown on stdout (from its aggregate, as the report)."""
+    # lazy: pandas, matplotlib (seconds)
     from study.report.papers import papers_markdown
     from study.report.studyfiles import load_study_dir
 
@@ -216,7 +222,6 @@ def cmd_papers(args) -> int:
 
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
-    from study.parallel import resolve_jobs
 
     resolve_jobs(args.jobs, [])  # a bad --jobs or --run fails before the data is prepared
     _study(args).select(args.run)
@@ -229,6 +234,7 @@ def cmd_run(args) -> int:
 def cmd_curve(args) -> int:
     """Learning curve of one run (study/pretrain/curve.py): trained with evals every K steps into the run's
     own folder (impl.eval_every is outside the run hash), or read from the finished run; CSV + PNG."""
+    # lazy: torch; pandas, matplotlib (seconds)
     from study.pretrain.curve import curves_dir, learning_curve, select_run, summary, write_csv
     from study.report.curves import save_curve_png
 
@@ -248,6 +254,7 @@ def cmd_curve(args) -> int:
 
 
 def cmd_sync(args) -> int:
+    # lazy: spec.py imports scipy (3 s of study --help)
     from study.studies.selection import SELECTION_FILE
     from study.studies.stamps import stamp
     from study.studies.sync import write_runs_file
@@ -267,6 +274,7 @@ def cmd_sync(args) -> int:
 
 def cmd_select(args) -> int:
     """`study select` / `study deselect`: edit params.yaml's `studies` list, then sync (study/studies/sync.py)."""
+    # lazy: spec.py imports scipy (3 s of study --help)
     from study.studies.sync import change_selection
 
     print(

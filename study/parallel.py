@@ -31,6 +31,7 @@ whose run was interrupted would take the next queued run. So:
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -66,7 +67,7 @@ def resolve_jobs(value: int | str, configs: list[RunConfig]) -> int:
     1 when any run would use an accelerator (runs side by side would share one device). The generated
     DVC stages use auto."""
     if isinstance(value, str) and value.strip().lower() == "auto":
-        from study.runtime import resolve_device
+        from study.runtime import resolve_device  # lazy: torch; cli.py imports this module for --help
 
         if any(resolve_device(c.impl.device).type != "cpu" for c in configs):
             return 1
@@ -174,8 +175,6 @@ def _worker_init() -> None:
     _PARENT = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):  # die with the parent, by SIGTERM, so a run in flight checkpoints
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the parent died before prctl: nobody is left to report to
             os._exit(1)

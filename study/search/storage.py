@@ -33,6 +33,7 @@ def heartbeat_journal_class():
     fail_stale_trials, the stale-trial callback) then works unchanged. Worker clocks must agree to
     well within grace_period. (Built in a function: optuna is imported only when a search runs.)
     """
+    # lazy: optuna (~1 s): search/cli.py imports this module for study --help
     import optuna
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.storages._heartbeat import BaseHeartbeat  # optuna's heartbeat interface (pinned in pyproject)
@@ -88,6 +89,7 @@ def open_storage(url: str | None, search: SearchSpec, default_dir: Path, create:
 
     create=False (`study search-best`, which only reads): a SQLite or journal file that does not exist is a
     StudyError, and nothing is written (opening it would create an empty storage, and the init lock)."""
+    # lazy: optuna (~1 s): search/cli.py imports this module for study --help
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback
 
@@ -181,6 +183,7 @@ def check_fingerprint(ostudy, want: dict[str, str]) -> None:
 
 
 def _open_journal(path: Path, search: SearchSpec, callback):
+    # lazy: optuna (~1 s): search/cli.py imports this module for study --help
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     if not path.parent.is_dir():

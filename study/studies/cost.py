@@ -30,9 +30,10 @@ from study.config import RunConfig
 from study.downstream.tasks import HUB, HUB_ROWS, load_task
 from study.errors import StudyError
 from study.labels import IGNORE
+from study.parallel import with_threads
 
-# torch, transformers and the training modules are imported inside the functions that time steps:
-# `study plan --no-time` (tokens and parameters only) must not pay for importing them.
+# torch, transformers and the training modules are imported inside the functions that time steps (each
+# says `lazy`): `study plan --no-time` (tokens and parameters only) must not pay for importing torch (~2 s).
 
 _STEP_TIMES: dict[tuple, float] = {}  # one measurement per model shape and batch per process
 TOKENS_PER_WORD = 1.5  # used only when the run's tokenizer does not exist yet
@@ -84,6 +85,7 @@ def training_flops(cfg: RunConfig) -> float:
     """Model FLOPs the budget trains (study.model.model_flops_per_token over each phase's token slots; a
     budget in seconds: that amount). Used to start a study's runs longest first (`--jobs N`), so that the
     longest ones do not start last and leave cores idle at the end: an order, not a time."""
+    # lazy: torch
     from study.model import model_flops_per_token
 
     t = cfg.train
@@ -137,6 +139,7 @@ def _synthetic_parts(cfg: RunConfig) -> list[dict]:
     """A global batch of the run's shape as the trainer feeds it: full-length rows (the upper bound: real
     batches trim padding), masking.rate of positions asked, split into grad_accum micro-batches by the
     trainer's own micro_batches. Random ids from a local generator: the cost does not depend on them."""
+    # lazy: torch (study plan --no-time never imports it); torch
     import torch
 
     from study.data.batches import micro_batches
@@ -159,6 +162,7 @@ def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
     (study.runtime), so that a plan made on a GPU machine times GPU steps in bf16, not CPU ones;
     impl.device=cuda on a machine without one is the same StudyError naming impl.device that training
     raises. The minimum over the steps after the first (which pays for allocation)."""
+    # lazy: torch (study plan --no-time never imports it); torch
     import torch
 
     from study.pretrain.evaluate import device_sync
@@ -198,7 +202,7 @@ def row_lengths(cfg: RunConfig, layout, data):
     max_len = cfg.finetune.max_length
     tok_dir = layout.data_dir(cfg.data_hash()) / "tokenizer"
     if (tok_dir / "tokenizer.json").is_file():
-        from transformers import BertTokenizerFast
+        from transformers import BertTokenizerFast  # lazy: transformers (seconds; plan --no-time)
 
         tok = BertTokenizerFast.from_pretrained(str(tok_dir))
         out = tok(data.text_a, data.text_b, truncation=True, max_length=max_len)
@@ -230,6 +234,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
 
     k > 1 times one step of k seeds stacked (`impl.finetune_batched_seeds`: study/downstream/batched.py's
     own SeedBatch.step on k batches padded to their common width), the step that trains all k at once."""
+    # lazy: torch (study plan --no-time never imports it); torch
     import torch
 
     from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step
@@ -297,6 +302,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
 
 def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
     """Seconds of each stacked step of k seeds over `rows` (k batches per step), as batched.py trains."""
+    # lazy: torch (study plan --no-time never imports it); torch
     import torch
 
     from study.downstream.batched import SeedBatch, collate_seeds
@@ -374,6 +380,7 @@ def finetune_is_bound(cfg: RunConfig) -> bool:
 
 def _todo(cfg: RunConfig, layout, run_key: str) -> dict[str, tuple[int, bool]]:
     """What fine-tuning of one encoder has not written yet: task -> (seeds, probe)."""
+    # lazy: torch
     from study.downstream.finetune import result_path
 
     ft, fh = cfg.finetune, cfg.finetune_hash()
@@ -390,7 +397,6 @@ def study_finetune_seconds(
     """Fine-tuning still to do for a study's runs (per run hash) and for their random-init baselines (per
     baseline key: runs share them). A None means that task's size is unknown here. jobs > 1: each timed
     with the threads one of `jobs` side-by-side workers gets (study/parallel.py with_threads)."""
-    from study.parallel import with_threads
 
     per_run = {
         r.run_hash: finetune_seconds(
