@@ -11,8 +11,8 @@ import json
 import time
 from pathlib import Path
 
+from study import parallel
 from study.errors import EXIT_DIVERGED, StudyError, run_main
-from study.parallel import resolve_jobs, run_all, with_threads
 from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
 from study.rundir import RunDir
 from study.search.cli import add_parser as add_search_parser
@@ -80,7 +80,7 @@ def cmd_plan(args) -> int:
     if args.sd is not None:  # silently ignoring it would look like an answer that used it
         raise StudyError("is used only with --detect", field="--sd", allowed="--detect EFFECT --sd SD")
     # --jobs: each run timed with the threads it would get beside the others, the wall time scheduled
-    jobs = resolve_jobs(args.jobs, left_to_train(study.runs, layout))
+    jobs = parallel.resolve_jobs(args.jobs, left_to_train(study.runs, layout))
     rows, ft = plan_rows(study, layout, jobs, timed=not args.no_time)
     print(
         json.dumps(rows, indent=2)
@@ -134,12 +134,12 @@ def cmd_pretrain(args) -> int:
 
     study, layout = _study(args), _layout(args)
     runs = study.select(args.run)
-    jobs = resolve_jobs(getattr(args, "jobs", 1), left_to_train(runs, layout))
+    jobs = parallel.resolve_jobs(getattr(args, "jobs", 1), left_to_train(runs, layout))
     if jobs > 1:  # the longest runs first, so that none of them starts last beside idle cores
         runs = sorted(runs, key=lambda r: -training_flops(r.config))
-    items = [(run, (with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
+    items = [(run, (parallel.with_threads(run.config, jobs), layout, args.quiet, run.label)) for run in runs]
     worst, t0 = 0, time.monotonic()
-    for i, (run, (code, seconds)) in enumerate(run_all(pretrain_one, items, jobs), 1):
+    for i, (run, (code, seconds)) in enumerate(parallel.run_all(pretrain_one, items, jobs), 1):
         worst = max(worst, code)
         rd = RunDir(layout, run.run_hash)
         rd.publish()  # metrics and loss-curve copies for `dvc metrics/plots show`
@@ -156,12 +156,17 @@ def cmd_finetune(args) -> int:
     --jobs N fine-tunes N models side by side, one process each (study/parallel.py)."""
 
     study, layout = _study(args), _layout(args)
-    resolve_jobs(getattr(args, "jobs", 1), [])  # a bad --jobs fails here, before a skipped.json is written
+    parallel.resolve_jobs(
+        getattr(args, "jobs", 1), []
+    )  # a bad --jobs fails here, before a skipped.json is written
     runs = None if args.baseline or not args.run else study.select(args.run)
     items = finetune_items(study, layout, runs, args.baseline, args.quiet)
-    jobs = resolve_jobs(getattr(args, "jobs", 1), [cfg for _, (_, cfg, _, _) in items])
-    items = [(label, (kind, with_threads(cfg, jobs), lay, quiet)) for label, (kind, cfg, lay, quiet) in items]
-    for i, (label, (res, seconds)) in enumerate(run_all(finetune_one, items, jobs), 1):
+    jobs = parallel.resolve_jobs(getattr(args, "jobs", 1), [cfg for _, (_, cfg, _, _) in items])
+    items = [
+        (label, (kind, parallel.with_threads(cfg, jobs), lay, quiet))
+        for label, (kind, cfg, lay, quiet) in items
+    ]
+    for i, (label, (res, seconds)) in enumerate(parallel.run_all(finetune_one, items, jobs), 1):
         progress(
             f"{label} ({i}/{len(items)}) done in {seconds:.0f} s: {ft_summary(res)}  ({study.name} recipe)"
         )
@@ -223,7 +228,7 @@ def cmd_papers(args) -> int:
 def cmd_run(args) -> int:
     """Everything for one study without DVC: data, pre-training, fine-tuning, aggregate, report."""
 
-    resolve_jobs(args.jobs, [])  # a bad --jobs or --run fails before the data is prepared
+    parallel.resolve_jobs(args.jobs, [])  # a bad --jobs or --run fails before the data is prepared
     _study(args).select(args.run)
     args.keep_going, args.baseline, args.data = True, None, None
     for step in (cmd_prepare, cmd_pretrain, cmd_finetune, cmd_aggregate, cmd_report):
