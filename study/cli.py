@@ -13,7 +13,7 @@ from pathlib import Path
 
 from study import parallel
 from study.errors import EXIT_DIVERGED, StudyError, run_main
-from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
+from study.paths import SAFE_NAME_ALLOWED, Layout, check_folders, safe_name
 from study.rundir import RunDir
 from study.search.cli import add_parser as add_search_parser
 from study.work import finetune_items, finetune_one, ft_summary, pct, pretrain_one, progress, rescore_runs
@@ -437,22 +437,11 @@ def _add_pipeline(sub) -> None:
         sel.set_defaults(fn=cmd_select)
 
 
-def _check_folders(args) -> None:
-    """--results and --reports are folders or not there yet: a file there (or above) was a traceback."""
-    for flag in ("results", "reports"):
-        path = Path(getattr(args, flag, None) or ".")
-        there = next((q for q in (path, *path.parents) if q.exists()), None)
-        if there is not None and not there.is_dir():
-            raise StudyError(
-                f"{there} is not a folder", field=f"--{flag}", allowed="a folder, or a path to make one"
-            )
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        _check_folders(args)
+        check_folders({"--results": args.results, "--reports": args.reports})
         return args.fn(args)
 
     return run_main(body)

@@ -43,6 +43,18 @@ def _folder(name: str) -> str:
     return name
 
 
+def check_folders(flags: dict[str, str | None]) -> None:
+    """Each path ({flag: path}, e.g. --results) is a folder or not there yet: a file there (or above) was a
+    traceback."""
+    for flag, value in flags.items():
+        path = Path(value or ".")
+        there = next((q for q in (path, *path.parents) if q.exists()), None)
+        if there is not None and not there.is_dir():
+            raise StudyError(
+                f"{there} is not a folder", field=flag, allowed="a folder, or a path to make one"
+            )
+
+
 @dataclass(frozen=True)
 class Layout:
     root: Path = Path("results")
