@@ -36,7 +36,9 @@ ROOT_CODE = [
         "errors",
         "faults",
         "io",
+        "labels",
         "lazy",
+        "levels",
         "metrics",
         "parallel",
         "paths",
@@ -54,7 +56,10 @@ ROOT_CODE = [
 # The CLI and spec code only choose which config; a change there that changes the config changes the hash.
 DATA_CODE = [
     "study/data",
-    *(f"study/{m}.py" for m in ("__init__", "config", "errors", "faults", "io", "lazy", "paths", "schema")),
+    *(
+        f"study/{m}.py"
+        for m in ("__init__", "config", "errors", "faults", "io", "labels", "lazy", "paths", "schema")
+    ),
 ]
 
 
