@@ -77,6 +77,7 @@ ROOT_CODE = [
         "parallel",
         "paths",
         "provenance",
+        "root",
         "rundir",
         "runtime",
         "schema",
