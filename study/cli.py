@@ -52,6 +52,7 @@ def _load_checked(path, profile):
 
 # --------------------------------------------------------------------------- commands
 def cmd_validate(args) -> int:
+    from study.studies.hints import hint_warnings, study_factors
     from study.studies.spec import load_study
 
     for path in args.specs:
@@ -71,6 +72,9 @@ def cmd_validate(args) -> int:
                         allowed=exc.allowed,
                         source=exc.source,
                     ) from None
+        r = study.spec.report  # report hints about other factors than the study's: a warning, exit 0
+        for w in hint_warnings(r.kind, r.references, study_factors(study)):
+            print(f"{path}: warning: {w}", file=sys.stderr)
         print(f"{path}: ok ({len(study.runs)} runs)")
     return 0
 

@@ -42,6 +42,7 @@ from study.studies.checks import (
     same_level,
     suggest,
 )
+from study.studies.hints import canonical_compare
 from study.studies.searchspec import SearchSpec
 from study.studies.specyaml import clip, read_yaml, short
 
@@ -51,7 +52,7 @@ class ReportHints(Strict):
     primary_metric: str = "ref_ppl"
     x: str | None = None
     hue: str | None = None
-    compare: dict[str, Any] | None = None  # {"factor": dotted key, "a": level, "b": level}
+    compare: dict[str, Any] | None = None  # {factor, baseline, treatment}: study/studies/hints.py
     references: list[str] = Field(default_factory=list)
 
 
@@ -557,6 +558,7 @@ def load_study(path: str | Path, profile: str | None = None, fingerprint: bool =
             )
         for key, value in spec.profiles[profile].items():
             set_dotted(defaults, key, value, source)
+    spec.report.compare = canonical_compare(spec.report.compare, source)  # a/b: deprecated names
     known_refs = references.available()
     for ref in spec.report.references:
         if ref not in known_refs:
