@@ -138,6 +138,8 @@ def cmd_plan(args) -> int:
     total = sum(r["est_tokens"] or 0 for r in rows)
     pending = [r["est_seconds"] or 0 for r in rows if r["status"] != "done"]
     print(f"total: {total:,} training tokens")
+    if study.spec.search is not None:
+        print(_plan_search(study, None if args.no_time else estimate_seconds(study.runs[0].config)))
     if args.no_time:
         print("time: not estimated (--no-time)")
         return 0
@@ -173,6 +175,25 @@ def cmd_plan(args) -> int:
             "whole, 5-20% low: evaluation, loading and contention are not in it)"
         )
     return 0
+
+
+def _plan_search(study, trial_run_s: float | None) -> str:
+    """`study plan` on a spec with a `search:` block: trials x seeds x the spec's run, as a worker trains it
+    (the searched values change each trial's cost: the spec's own run is the one timed)."""
+    from study.studies.cost import planned_tokens
+
+    s = study.spec.search
+    runs = f"{len(s.seeds)} run{'s' if len(s.seeds) > 1 else ''}"
+    tokens = (planned_tokens(study.runs[0].config) or 0) * len(s.seeds)
+    if s.n_trials is None:
+        return f"search: until {s.timeout:g} s per worker; each trial {runs} ({tokens:,} tokens)"
+    per = f", ~{trial_run_s * len(s.seeds) / 60:.1f} min each" if trial_run_s is not None else ""
+    total = f": ~{trial_run_s * len(s.seeds) * s.n_trials / 60:.0f} min on one worker" if per else ""
+    return (
+        f"search: {s.n_trials} trials x {runs} ({tokens:,} tokens{per}){total}; then search-best's "
+        f"{len(s.best_seeds)} seeds as a study (pruned trials stop early; the searched values change each "
+        "trial's cost, the spec's own run is the one timed)"
+    )
 
 
 def _plan_detect(args, study, layout) -> int:
@@ -521,6 +542,25 @@ def cmd_select(args) -> int:
     return 0
 
 
+def cmd_new(args) -> int:
+    """`study new NAME --factor KEY=L1,L2`: a valid spec with a report block about its factors."""
+    from study.studies.new import new_spec, seeds_arg
+
+    path, n = new_spec(
+        Path(args.ablations),
+        args.name,
+        args.factor,
+        args.question,
+        seeds_arg(args.seeds),
+        args.metric,
+        args.force,
+    )
+    print(
+        f"wrote {path} ({n} runs); next: study plan {path}, then study run {path} (or study select {args.name})"
+    )
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="study", description="BERT pre-training ablation studies.")
@@ -632,6 +672,17 @@ def build_parser() -> argparse.ArgumentParser:
         sel.add_argument("--ablations", default="ablations")
         sel.add_argument("--out", default=str(RUNS_FILE))
         sel.set_defaults(fn=cmd_select)
+    n = sub.add_parser(
+        "new", help="write a new spec, ablations/NAME.yaml, with a report block about its factors"
+    )
+    n.add_argument("name", help="the study's name (its file and folder names)")
+    n.add_argument("--factor", action="append", required=True, help="KEY=L1,L2[,...] (repeatable): a grid")
+    n.add_argument("--question", required=True, help="the question the study answers, in words")
+    n.add_argument("--seeds", default="3", help="pre-training seeds: a count (default 3) or a list (0,1,2)")
+    n.add_argument("--metric", default="SST-2/finetune/accuracy", help="report.primary_metric (the headline)")
+    n.add_argument("--ablations", default="ablations", help="the specs folder (default: ablations)")
+    n.add_argument("--force", action="store_true", help="overwrite an existing spec of that name")
+    n.set_defaults(fn=cmd_new)
     from study.search.cli import add_parser as add_search_parser  # `study search`, `study search-best`
 
     add_search_parser(sub)
