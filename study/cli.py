@@ -561,6 +561,17 @@ def cmd_new(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """`study export RUN --to DIR [--push REPO]`: a finished run as a hub folder with a model card."""
+    from study.export import export_run, push
+
+    out = export_run(_layout(args), args.run, Path(args.to))
+    print(f"exported to {out} (model, tokenizer, README.md model card, study_run.json)")
+    if args.push:
+        print(f"pushed to {push(out, args.push, private=args.private)}")
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="study", description="BERT pre-training ablation studies.")
@@ -683,6 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--ablations", default="ablations", help="the specs folder (default: ablations)")
     n.add_argument("--force", action="store_true", help="overwrite an existing spec of that name")
     n.set_defaults(fn=cmd_new)
+    e = sub.add_parser("export", help="a finished run as a Hugging Face hub folder with a model card")
+    e.add_argument("run", help="the run's hash (or a unique prefix), e.g. from `study plan SPEC`")
+    e.add_argument("--to", required=True, help="the folder to write (new, empty, or an earlier export)")
+    e.add_argument("--push", metavar="REPO", help="then upload it to this hub repository (user/name)")
+    e.add_argument("--private", action="store_true", help="with --push: create the repository private")
+    e.set_defaults(fn=cmd_export)
     from study.search.cli import add_parser as add_search_parser  # `study search`, `study search-best`
 
     add_search_parser(sub)

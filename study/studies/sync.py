@@ -70,6 +70,7 @@ ROOT_CODE = [
         "cli",
         "config",
         "errors",
+        "export",
         "faults",
         "io",
         "lazy",
