@@ -67,9 +67,12 @@ def test_a_new_spec_runs_at_smoke_scale_and_its_report_answers_its_question(
     (tmp_path / "shared").symlink_to(shared_data.parent)  # ../shared/data from the project, as in the repo
     assert main([*NEW, "--seeds", "1"]) == 0
     spec = root / "ablations" / "wwm.yaml"
-    spec.write_text(  # smoke scale: a minute, not the base's default
-        spec.read_text()
-        + "defaults:\n  train: {amount: 60}\n  finetune: {seeds: [0], max_train_examples: 200, max_eval_examples: 100}\n"
+    spec.write_text(  # smoke scale and smaller: minutes on 2 shared cores
+        spec.read_text() + "defaults:\n"
+        "  objective: {max_seq_len: 32}\n"
+        "  model: {layers: 1, hidden: 32, heads: 2, intermediate: 64, max_positions: 64}\n"
+        "  train: {amount: 30, batch_size: 8}\n"
+        "  finetune: {seeds: [0], epochs: 1, max_train_examples: 64, max_eval_examples: 64, max_length: 32}\n"
     )
     assert main(["run", "ablations/wwm.yaml", "--quiet"]) == 0
     html = (root / "reports" / "wwm" / "index.html").read_text()
