@@ -230,7 +230,9 @@ def cmd_data(args) -> int:
     study = _study(args)
     if args.samples < 0:  # checked before the data is prepared
         raise StudyError(f"got {args.samples}", field="--samples", allowed="an integer >= 0")
-    prepared = prepare_data(study.runs[0].config, _layout(args), progress=not args.quiet)
+    run = study.select([args.run] if args.run else None)[0]  # --run: its masking shown, not the first run's
+    prepared = prepare_data(run.config, _layout(args), progress=not args.quiet)
+    print(f"run {run.run_hash} ({run.label}, seed {run.seed}): masking {run.config.masking.model_dump()}")
     print(describe(prepared, n=args.samples))
     return 0
 
@@ -527,13 +529,16 @@ def cmd_sync(args) -> int:
 
 def cmd_select(args) -> int:
     """`study select` / `study deselect`: edit params.yaml's `studies` list, then sync (study/studies/sync.py)."""
-    from study.studies.sync import change_selection
+    from study.studies.sync import change_selection, forget_studies, study_stages
 
+    before = study_stages(Path(args.out).parent)
     print(
         change_selection(
             Path(args.ablations), Path(args.out), args.spec, args.profile, add=args.command == "select"
         )
     )
+    for path in forget_studies(Path(args.out).parent, before - study_stages(Path(args.out).parent)):
+        print(f"removed {path} (the deselected study's stamp / metrics copy)")
     print(
         "next: `dvc repro` reproduces the selected studies"
         if args.command == "select"
@@ -593,12 +598,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    v = sub.add_parser("validate", help="validate specs; exit 2 naming the bad field")
-    v.add_argument("specs", nargs="+")
-    v.add_argument("--profile")
+    v_help = "check specs (every profile, every run built); exit 2 naming the bad field; warn on report hints"
+    v = sub.add_parser("validate", help=v_help, description=v_help)
+    v.add_argument("specs", nargs="+", help="spec files, e.g. ablations/*.yaml")
+    v.add_argument("--profile", help="check this profile only (default: the spec and each of its profiles)")
     v.set_defaults(fn=cmd_validate)
     plan = spec_cmd("plan", cmd_plan, "the runs table: hash, factors, status, estimated tokens and time")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help="the runs table as JSON on stdout")
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
     plan.add_argument(
         "--jobs",
@@ -618,9 +624,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --detect: SD of paired differences between seeds (default: "
         "measured in the study's aggregate, else a 1 pp pilot guess for scores)",
     )
-    spec_cmd(
+    d = spec_cmd(
         "data", cmd_data, "prepare the corpus and tokenizer; print stats and decoded sample instances"
-    ).add_argument("--samples", type=int, default=3)
+    )
+    d.add_argument(
+        "--samples", type=int, default=3, help="training instances shown with their masks (default 3)"
+    )
+    d.add_argument(
+        "--run", help="the run (hash or label) whose masking and objective are shown (default: the first)"
+    )
     spec_cmd(
         "prepare", cmd_prepare, "prepare corpus, tokenizer and tokenized splits for every run"
     ).add_argument("--data", action="append", help="only this data hash (repeatable; dvc.yaml's data stages)")
@@ -663,9 +675,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--every", type=int, default=50, help="steps between evals when the run trains (default 50)"
     )
-    s = sub.add_parser("sync", help=f"regenerate {RUNS_FILE} and dvc.yaml from the specs")
-    s.add_argument("--ablations", default="ablations")
-    s.add_argument("--out", default=str(RUNS_FILE))
+    sync_help = f"regenerate {RUNS_FILE} and dvc.yaml from params.yaml's selected studies and their specs"
+    s = sub.add_parser("sync", help=sync_help, description=sync_help)
+    s.add_argument("--ablations", default="ablations", help="the specs folder (default: ablations)")
+    s.add_argument(
+        "--out",
+        default=str(RUNS_FILE),
+        help=f"the runs file; dvc.yaml and params.yaml beside it (default: {RUNS_FILE})",
+    )
     s.add_argument(
         "--stamp",
         metavar="STAGE",
@@ -680,8 +697,12 @@ def build_parser() -> argparse.ArgumentParser:
         sel = sub.add_parser(name, help=help_, description=help_)
         sel.add_argument("spec", help="a spec name in ablations/, e.g. nsp (or ablations/nsp.yaml)")
         sel.add_argument("--profile", help="a profile defined in the spec (e.g. cpu, gpu)")
-        sel.add_argument("--ablations", default="ablations")
-        sel.add_argument("--out", default=str(RUNS_FILE))
+        sel.add_argument("--ablations", default="ablations", help="the specs folder (default: ablations)")
+        sel.add_argument(
+            "--out",
+            default=str(RUNS_FILE),
+            help=f"the runs file; dvc.yaml and params.yaml beside it (default: {RUNS_FILE})",
+        )
         sel.set_defaults(fn=cmd_select)
     n = sub.add_parser(
         "new", help="write a new spec, ablations/NAME.yaml, with a report block about its factors"

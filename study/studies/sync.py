@@ -571,6 +571,34 @@ def change_selection(ablations: Path, out: Path, spec: str, profile: str | None,
     return f"selected: {', '.join(selection_entry(*e) for e in selection) or 'none'}"
 
 
+def study_stages(folder: Path) -> set[str]:
+    """The study names with a `study-<s>` stage in folder/dvc.yaml (none: no file, or unreadable)."""
+    try:
+        stages = yaml.safe_load((folder / "dvc.yaml").read_text()).get("stages") or {}
+    except (OSError, AttributeError, yaml.YAMLError):
+        return set()
+    return {k.removeprefix("study-") for k in stages if k.startswith("study-")}
+
+
+def forget_studies(folder: Path, names: set[str]) -> list[Path]:
+    """After a deselect: the files a removed study's stages left in folder (their stamps in pipeline/, the
+    metrics and plot copies git carries), removed; its results and reports stay. Returns what was removed."""
+    files = [
+        folder / p
+        for n in sorted(names)
+        for p in (
+            _manifest(f"study-{n}"),
+            _manifest(f"search-{n}"),
+            f"results/metrics/study-{n}.json",
+            _plot_file(n),
+        )
+    ]
+    gone = [p for p in files if p.is_file()]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
 # --------------------------------------------------------------------------- stamps (pipeline/*.json)
 def _files(root: Path) -> list[Path]:
     """The files a digest covers, sorted: no bytecode, no hidden (temporary) files, no `checkpoints/`
