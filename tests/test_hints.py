@@ -125,3 +125,9 @@ def test_the_answer_names_the_subtraction_and_says_when_pretraining_scored_below
     text = answer_sentence(sf)["text"]
     assert text.startswith("whole_word minus token (masking.unit) on SST-2 finetune accuracy")
     assert "every pre-trained level scored below random init on it (gains -7.1 pp to -5.7 pp" in text
+    # too few seeds for an answer: the headline still says pre-training scored below random init
+    sf.study["answer"] = ans | {"n": 1, "ci_low": float("nan"), "ci_high": float("nan")}
+    few = answer_sentence(sf)["text"]
+    assert "n=1" in few and few.endswith(
+        "Every pre-trained level scored below random init on SST-2 finetune accuracy (gains -7.1 pp to -5.7 pp)."
+    )

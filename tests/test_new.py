@@ -85,4 +85,4 @@ def test_a_new_spec_runs_at_smoke_scale_and_its_report_answers_its_question(
         "diff"
     ].dropna()
     assert len(gains) == 2
-    assert ("every pre-trained level scored below random init" in html) == bool((gains < 0).all())
+    assert ("every pre-trained level scored below random init" in html.lower()) == bool((gains < 0).all())
