@@ -102,10 +102,10 @@ def best_spec(study: Study, search: SearchSpec, ostudy) -> dict:
 
 def not_learned(run_hashes: list[str], layout: Layout) -> list[str]:
     """The runs of a trial that finished without learning past always predicting the most frequent token:
-    the report's plateau guard (aggregate.learned per run, aggregate.plateau_hashes over them), one rule."""
+    the report's plateau guard (report/collect.py: learned per run, plateau_hashes over them), one rule."""
     import pandas as pd  # with the aggregate below: loaded only when a best is written
 
-    from study.report.aggregate import learned, plateau_hashes  # 4.5 s to import (scipy): not for --help
+    from study.report.collect import learned, plateau_hashes  # 0.5 s (pandas): only once a best is written
 
     runs = pd.DataFrame(
         [
