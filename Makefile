@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup lint smoke test test-fast bench bench-dvc clean-results
+.PHONY: setup lint smoke test test-fast bench bench-dvc clean-results exps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ smoke: $(STAMP)
 	@grep -q '^  study-smoke:' dvc.yaml || { echo "the smoke study is not selected: run 'study select smoke' (params.yaml)"; exit 2; }
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro study-smoke
 	@echo "report: reports/smoke/index.html"
+
+# `dvc exp show` without the dependency-hash columns (code folders, stamps, specs): the selection and metrics
+exps: $(STAMP)
+	$(BIN)/dvc exp show --no-pager --drop '^(study|pipeline|ablations)/'
 
 # ruff first: a lint or format error fails CI before the long suite starts
 lint: $(STAMP)

@@ -326,6 +326,9 @@ class ImplConfig(Strict):
     checkpoint_every: int | None = Field(default=None, ge=1)
     checkpoint_minutes: float = Field(default=10.0, ge=0)
     progress: bool = True
+    # Live curves: each history line also logged with dvclive into the run's live/ folder, for `dvc plots`
+    # and the DVC VS Code extension while it trains (study/pretrain/live.py). Logging only.
+    live: bool = False
     # Fine-tune all of a task's seeds as one stacked model (torch.func vmap, study/downstream/batched.py): one
     # step of K x batch rows instead of K steps. Each seed keeps its head init, batches, AdamW and clipping;
     # without dropout (model.dropout and attention_dropout 0) the same results within float rounding

@@ -43,7 +43,7 @@ seeds: [0]
 report:
   kind: nsp
   primary_metric: SST-2/finetune/accuracy
-  compare: {factor: objective.sentence, a: nsp, b: none}
+  compare: {factor: objective.sentence, baseline: nsp, treatment: none}
 """
 
 # Timing and machine facts legitimately differ between two runs of the same config.

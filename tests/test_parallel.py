@@ -56,6 +56,7 @@ def project(tmp_path: Path, monkeypatch) -> Path:
         (tmp_path / "glue" / "SST-2").mkdir(parents=True, exist_ok=True)
         (tmp_path / "glue" / "SST-2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     (tmp_path / "par.yaml").write_text(SPEC)
+    (tmp_path / "params.yaml").write_text("studies: []\n")  # a project root (study/root.py)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return tmp_path

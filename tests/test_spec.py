@@ -488,12 +488,27 @@ def test_error_inside_a_base_names_the_base_file_and_its_field(tmp_path, capsys)
 
 
 REPORT_BAD = {
-    "compare_factor_typo": ("compare: {factor: masking.rte, a: 0.15, b: 0.3}", "report.compare.factor"),
-    "compare_a_not_a_level": ("compare: {factor: masking.rate, a: 0.2, b: 0.3}", "report.compare.a"),
-    "compare_b_missing": ("compare: {factor: masking.rate, a: 0.15}", "report.compare.b"),
-    "compare_unknown_key": ("compare: {factor: masking.rate, a: 0.15, b: 0.3, c: 1}", "report.compare.c"),
-    "compare_same_level": ("compare: {factor: masking.rate, a: 0.15, b: 0.15}", "report.compare.b"),
-    "compare_label_level": ("compare: {factor: label, a: nope, b: base}", "report.compare.a"),
+    "compare_factor_typo": (
+        "compare: {factor: masking.rte, baseline: 0.15, treatment: 0.3}",
+        "report.compare.factor",
+    ),
+    "compare_a_not_a_level": (
+        "compare: {factor: masking.rate, baseline: 0.2, treatment: 0.3}",
+        "report.compare.baseline",
+    ),
+    "compare_b_missing": ("compare: {factor: masking.rate, baseline: 0.15}", "report.compare.treatment"),
+    "compare_unknown_key": (
+        "compare: {factor: masking.rate, baseline: 0.15, treatment: 0.3, c: 1}",
+        "report.compare.c",
+    ),
+    "compare_same_level": (
+        "compare: {factor: masking.rate, baseline: 0.15, treatment: 0.15}",
+        "report.compare.treatment",
+    ),
+    "compare_label_level": (
+        "compare: {factor: label, baseline: nope, treatment: base}",
+        "report.compare.baseline",
+    ),
     "x_typo": ("x: masking.rat", "report.x"),
     "hue_typo": ("hue: objective.sentense", "report.hue"),
     "metric_typo": ("primary_metric: ref_pll", "report.primary_metric"),

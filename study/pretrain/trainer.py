@@ -78,6 +78,7 @@ from study.pretrain.evaluate import (
     sentence_set,
     short_reference_set,
 )
+from study.pretrain.live import open_live
 from study.pretrain.loop import Loop, progress_of
 from study.pretrain.results import run_metrics, write_results
 from study.pretrain.schedule import Schedule
@@ -149,6 +150,7 @@ class Trainer(Loop):
         self.cfg, self.layout, self.rt = cfg, layout, rt
         self.device, self.dist = rt.device, rt.dist
         self.quiet, self.on_eval = quiet, on_eval
+        self.live = None  # set once the run is resumed (run); _log writes to it
         self.rd = RunDir(layout, cfg.run_hash())
         self.session_start = time.perf_counter()
         self.last_ckpt_step: int | None = None
@@ -176,6 +178,8 @@ class Trainer(Loop):
     def _log(self, obj: dict) -> None:
         if self.dist.main:
             self.rd.append_history(obj)
+            if self.live is not None:
+                self.live.log(obj)
 
     # ---- setup
     def _prepare(self):
@@ -219,6 +223,8 @@ class Trainer(Loop):
         _seed_dropout(cfg.seed, dist.rank)
         self.state = TrainState(started=_now(), phase=0 if self.short_batches is not None else 1)
         self._resume()
+        # live curves (impl.live) restart from the history the resume kept: no step twice (pretrain/live.py)
+        self.live = open_live(cfg.impl.live and dist.main, rd.path, rd.history() if dist.main else [])
         self.state.sessions += 1
         # one "start" line per session: where it began (search.py counts the tokens a session trained)
         self._event(
@@ -279,6 +285,8 @@ class Trainer(Loop):
         if not set_rng_state(ck["rng"], self.dist.rank, self.device):
             self._report(f"checkpoint has no RNG state for rank {self.dist.rank}; dropout reseeded")
         self._event({"event": "resume", "tokens": self.state.tokens, "from": name})
+        if self.dist.main:
+            print(f"run {self.cfg.run_hash()}: resumed from step {self.state.step} ({name})", file=sys.stderr)
 
     def _checkpoint(self) -> None:
         self._sync()  # a non-finite step is never saved

@@ -121,9 +121,8 @@ def _per_cell_seed(t: pd.DataFrame, spec: dict, others: list[str]) -> pd.DataFra
     # Levels and cells as level keys (study/levels.py): a float64 column (a run without the factor,
     # levels 0.5 and 1) reads 4 as 4.0
     lv = t[fac].map(level_key)  # every level with a value stays: the pooled model's other levels (pooled.py)
-    side = lv.map({level_key(spec["a"]): "a", level_key(spec["b"]): "b"}).fillna(
-        ("=" + lv).where(lv != MISSING)
-    )
+    base, treat = compare_sides(spec)  # a: the baseline, b: the treatment (the table keeps a, b)
+    side = lv.map({level_key(base): "a", level_key(treat): "b"}).fillna(("=" + lv).where(lv != MISSING))
     cell = t[others].map(level_key).agg("|".join, axis=1) if others else pd.Series("", index=t.index)
     t = t.assign(_side=side, _cell=cell)
     t = t[t["_side"].notna() & np.isfinite(t["value"].to_numpy(dtype=float))]
@@ -181,6 +180,13 @@ def _level_row(rows: pd.DataFrame, seeds: pd.Index, shared: list) -> np.ndarray:
     return w.mean(axis=1, skipna=False).to_numpy()
 
 
+def compare_sides(cmp: dict | None) -> tuple:
+    """(baseline, treatment) of a `compare` hint, the answer being treatment - baseline; a plan written
+    before the names (or by hand) says a, b (study/studies/hints.py). (None, None) without one."""
+    cmp = cmp or {}
+    return (cmp["baseline"], cmp["treatment"]) if "baseline" in cmp else (cmp.get("a"), cmp.get("b"))
+
+
 def compare(
     tidy: pd.DataFrame, spec: dict, primary: tuple | None = None, others: list[str] = ()
 ) -> pd.DataFrame:
@@ -212,6 +218,7 @@ def compare(
     if t.empty:
         return pd.DataFrame(columns=COMPARE_COLS)
     per = _per_cell_seed(t, spec, others)
+    base, treat = compare_sides(spec)
     pairs = _pairs(per, others)
     if not pairs:
         return pd.DataFrame(columns=COMPARE_COLS)
@@ -222,9 +229,7 @@ def compare(
         pairs, first, fam, strict=True
     ):
         iv = P.pooled_interval(b, a, rest, level=1 - h["alpha"]) if np.isfinite(iv0.p) else iv0
-        words = interpret(
-            iv.n, iv.low, iv.high, h["p_adjusted"], str(spec["a"]), str(spec["b"]), method=iv.method
-        )
+        words = interpret(iv.n, iv.low, iv.high, h["p_adjusted"], str(base), str(treat), method=iv.method)
         if iv.n < n_any:  # seeds without a counterpart cannot be paired: say so, never drop them silently
             words += f" ({PAIRED_NOTE} {iv.n} of {n_any} seeds)"
         words += averaged
@@ -233,8 +238,8 @@ def compare(
                 "task": task,
                 "mode": mode,
                 "metric": metric,
-                "a": spec["a"],
-                "b": spec["b"],
+                "a": base,
+                "b": treat,
                 "mean_a": a.mean() if a.size else math.nan,
                 "mean_b": b.mean() if b.size else math.nan,
                 "diff": iv.estimate,

@@ -22,6 +22,7 @@ import pandas as pd
 import seaborn as sns
 
 from study.metrics import BOUNDED, COST_METRICS
+from study.report.comparisons import compare_sides
 from study.report.levelfigures import depth, generic, mask_rate, replacement
 from study.report.plotting import (
     Drawn,
@@ -119,7 +120,8 @@ def training_curves(
 
 def paired_differences(comparisons: pd.DataFrame, plan: dict) -> Drawn:
     cmp = plan.get("compare") or {}
-    a, b = cmp.get("a", "a"), cmp.get("b", "b")
+    a, b = compare_sides(cmp)
+    a, b = ("a" if a is None else a), ("b" if b is None else b)
     d = Drawn(
         "paired_differences",
         f"{b} minus {a}, per task",

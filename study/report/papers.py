@@ -18,7 +18,7 @@ from study.metrics import finite, is_bounded
 from study.report import references as R
 from study.report import stats as S
 from study.report.collect import plateau_hashes
-from study.report.comparisons import NOISE_WORDS, SAME_WORDS
+from study.report.comparisons import NOISE_WORDS, SAME_WORDS, compare_sides
 from study.report.fmt import fmt_ci, fmt_diff, human
 from study.report.levelnames import level_label, run_labels
 
@@ -63,7 +63,7 @@ def _ours_by_level(sf, levels: list[dict], s: pd.DataFrame) -> dict:
             ours[(i, r.task, r.mode, r.metric)] = {"mean": r.mean, "ci_low": r.ci_low, "ci_high": r.ci_high}
     cmp = sf.plan.get("compare") or {}
     pairs = None
-    i, j = _level_index(sf, levels, cmp.get("a")), _level_index(sf, levels, cmp.get("b"))
+    i, j = (_level_index(sf, levels, v) for v in compare_sides(cmp))
     if cmp and i is not None and j is not None and not sf.comparisons.empty:
         pairs = [(i, j)]
         for r in sf.comparisons.itertuples(index=False):

@@ -161,7 +161,34 @@ def recipe_sentence(plan: dict, eval_rows: dict | None = None) -> str:
 
 
 def answer_sentence(sf: StudyFiles) -> dict:
-    """The study's answer in ONE sentence with its CI, or why there is none yet."""
+    """The study's answer in ONE sentence with its CI, or why there is none yet; and, whatever the answer
+    (too few seeds, a plateau), a second when every pre-trained level scored below random init on the
+    primary metric: pre-training that hurt is a finding the headline must not leave to a lower table."""
+    ans = _answer(sf)
+    task, mode, metric = parse_metric(sf.plan.get("primary_metric"), field="report.primary_metric")
+    span = _below_random(sf, task, mode, metric)
+    if span and BELOW_RANDOM not in ans["text"]:
+        what = metric_label(task, mode, metric)
+        ans["text"] += f" {BELOW_RANDOM[0].upper()}{BELOW_RANDOM[1:]} on {what} (gains {span})."
+    return ans
+
+
+BELOW_RANDOM = "every pre-trained level scored below random init"
+
+
+def _below_random(sf: StudyFiles, task: str, mode: str, metric: str) -> str | None:
+    """The gains' span when every pre-trained level's mean is below its random-init baseline, else None."""
+    b = sf.baseline
+    if task == "pretrain" or b.empty or "diff" not in b:
+        return None
+    b = b[(b["task"] == task) & (b["mode"] == mode) & (b["metric"] == metric) & b["diff"].map(finite)]
+    if b.empty or not (b["diff"] < 0).all():
+        return None
+    lo, hi = fmt_diff(b["diff"].min(), metric), fmt_diff(b["diff"].max(), metric)
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _answer(sf: StudyFiles) -> dict:
     plan, ans = sf.plan, sf.study.get("answer")
     task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     what = metric_label(task, mode, metric)
@@ -219,9 +246,12 @@ def _no_gain_over_random(sf: StudyFiles, task: str, mode: str, metric: str) -> s
         return ""
     lo, hi = fmt_diff(b["diff"].min(), metric), fmt_diff(b["diff"].max(), metric)
     span = lo if lo == hi else f"{lo} to {hi}"
+    # Pre-training that left every level below random init is a finding: said as such in the answer
+    worse = BELOW_RANDOM if _below_random(sf, task, mode, metric) else ""
     return (
-        f"; no pre-trained level beats random init on it beyond seed noise (gains {span}, see What "
-        f"pre-training bought), so it may not reflect what pre-training learned"
+        f"; {worse or 'no pre-trained level beats random init'} on it"
+        f"{'' if worse else ' beyond seed noise'} (gains {span}, see What pre-training bought), so it may not "
+        "reflect what pre-training learned"
     )
 
 

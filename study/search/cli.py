@@ -72,9 +72,10 @@ def add_parser(sub) -> None:
     s.add_argument("--timeout", type=float, help="seconds this worker runs at most (default: search.timeout)")
     s.add_argument("--quiet", action="store_true", help="no progress bars or per-trial log")
     s.set_defaults(fn=cmd_search)
-    b = sub.add_parser("search-best", help="write the best trial as a spec that `study run` re-trains")
-    b.add_argument("spec")
-    b.add_argument("--profile")
+    b_help = "write the best trial as a spec that `study run` re-trains (warns when it did not learn)"
+    b = sub.add_parser("search-best", help=b_help, description=b_help)
+    b.add_argument("spec", help="the spec with a `search:` block that was searched")
+    b.add_argument("--profile", help="the profile the search ran at")
     b.add_argument("--storage", help=STORAGE_HELP)
     b.add_argument("--out", help="output spec (default: <spec folder>/<name>-best.yaml)")
     b.set_defaults(fn=cmd_search_best)

@@ -9,9 +9,12 @@ continues. Run folders are read through study/rundir.py's RunDir, with its error
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,9 +87,19 @@ class Objective:
             hashes.append(cfg.run_hash())
             trial.set_user_attr("run_hash", hashes[0])
             trial.set_user_attr("run_hashes", hashes)
+            t0 = time.monotonic()
             metrics, reused = self._pretrain(trial, cfg, report_curve=(k == 0 and step_pruner))
             reused_all &= reused
             values.append(self._value(cfg, metrics))
+            # one line per run on stderr, as `study pretrain` prints, even with --quiet (DVC passes it on)
+            print(
+                f"search {self.study.name} trial #{trial.number} seed {seed} ({k + 1}/{len(self.search.seeds)}): "
+                f"run {hashes[-1]} {'reused' if reused else 'trained'} in {time.monotonic() - t0:.0f} s, "
+                f"value {values[-1]:.4g}, ref acc at [MASK] {_pct(metrics.get('ref_mask_acc'))} "
+                f"(floor {_pct(metrics.get('ref_mask_mode_acc'))})  {json.dumps(params, sort_keys=True)}",
+                file=sys.stderr,
+                flush=True,
+            )
             trial.set_user_attr("seed_values", values)
             if self.search.pruner.kind == "wilcoxon":
                 trial.report(values[-1], k)
@@ -231,3 +244,7 @@ class Objective:
                 vals.append(float(rec["metrics"][name]))
             out[metric] = float(np.mean(vals))
         return out
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) and math.isfinite(x) else "-"

@@ -12,7 +12,9 @@ import copy
 import csv
 import io
 import json
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import yaml
@@ -21,6 +23,7 @@ from study.errors import StudyError
 from study.io import atomic_write_json, atomic_write_text
 from study.metrics import TRIAL_COLUMNS, param_column
 from study.paths import Layout
+from study.rundir import RunDir
 from study.search.checks import load_search
 from study.search.configs import resolve_settings, search_fingerprint, tidy_params
 from study.search.storage import check_fingerprint, open_storage
@@ -97,6 +100,27 @@ def best_spec(study: Study, search: SearchSpec, ostudy) -> dict:
     }
 
 
+def not_learned(run_hashes: list[str], layout: Layout) -> list[str]:
+    """The runs of a trial that finished without learning past always predicting the most frequent token:
+    the report's plateau guard (report/collect.py: learned per run, plateau_hashes over them), one rule."""
+    import pandas as pd  # with the aggregate below: loaded only when a best is written
+
+    from study.report.collect import learned, plateau_hashes  # 0.5 s (pandas): only once a best is written
+
+    runs = pd.DataFrame(
+        [
+            {
+                "run_hash": h,
+                "status": RunDir(layout, h).status().status,
+                "learned": learned(RunDir(layout, h).metrics()),
+            }
+            for h in run_hashes
+        ],
+        columns=["run_hash", "status", "learned"],
+    )
+    return sorted(plateau_hashes(runs))
+
+
 def write_best(
     spec: str | Path,
     out: str | Path | None = None,
@@ -134,6 +158,16 @@ def write_best(
         (Path(tmp) / out.name).write_text(text)
         load_study(Path(tmp) / out.name)  # raises StudyError naming the field if not
     best = ostudy.best_trial
+    flat = not_learned(best.user_attrs.get("run_hashes") or [best.user_attrs.get("run_hash")], layout)
+    if flat:  # the search's best may be the least bad of trials that all stayed on the plateau
+        warning = (
+            f"the best trial (#{best.number}) did not learn: its run(s) {', '.join(flat)} score no better on "
+            "the reference MLM at [MASK] than always predicting the most frequent token (the report's plateau "
+            "guard), so its value ranks how fast trials left the plateau, not the settings; train longer "
+            "(train.amount) or widen the search before re-training this"
+        )
+        print(f"warning: {warning}", file=sys.stderr)
+        text = "".join(f"# WARNING: {line}\n" for line in textwrap.wrap(warning, 100)) + text
     info = {
         "number": best.number,
         "value": best.value,
@@ -144,6 +178,7 @@ def write_best(
         "search_spec": str(spec),
         "profile": profile,
         "seeds": list(search.seeds),
+        "not_learned": flat,  # the best trial's runs on the plateau (empty: it learned, or not scored here)
         "provenance": provenance(),
     }
     atomic_write_text(out, text)

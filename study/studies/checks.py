@@ -17,6 +17,7 @@ from study.errors import StudyError
 from study.levels import same_level  # the one level rule (spec.py imports it from here)
 from study.metrics import parse_metric
 from study.paths import SAFE_NAME_ALLOWED, safe_name
+from study.studies.hints import COMPARE_KEYS
 from study.studies.specfile import PlannedRun, SpecFile, Study
 from study.studies.specyaml import clip, short
 
@@ -159,7 +160,7 @@ def check_report_hints(study: Study) -> None:
 
     The aggregate (study/report/collect.py `collect`) makes one column per factor key, i.e. every
     dotted key a design point sets, next to `label`; the figures draw against `x` among those columns
-    (a search also against its searched keys), and `compare` pairs level `a` with level `b` of one
+    (a search also against its searched keys), and `compare` pairs its baseline with its treatment level of one
     column by pre-training seed. Checked here, a typo costs a second instead of a whole study: the
     aggregate would only find it after every run and fine-tuning, and stop with partial tables.
     """
@@ -206,20 +207,20 @@ def _check_compare(
     compare: dict[str, Any], levels: dict[str, list[Any]], columns: list[str], source: str
 ) -> None:
     for key in compare:
-        if key not in ("factor", "a", "b"):
+        if key not in COMPARE_KEYS:
             raise StudyError(
-                f"unknown key{suggest(str(key), ['factor', 'a', 'b'])}",
+                f"unknown key{suggest(str(key), list(COMPARE_KEYS))}",
                 field=f"report.compare.{clip(str(key))}",
                 source=source,
-                allowed="factor, a, b",
+                allowed=", ".join(COMPARE_KEYS),
             )
-    for key in ("factor", "a", "b"):
+    for key in COMPARE_KEYS:
         if key not in compare:
             raise StudyError(
                 "missing: compare needs a factor and two of its levels",
                 field=f"report.compare.{key}",
                 source=source,
-                allowed="{factor: KEY, a: LEVEL, b: LEVEL}",
+                allowed="{factor: KEY, baseline: LEVEL, treatment: LEVEL} (the answer: treatment minus baseline)",
             )
     factor = compare["factor"]
     if not isinstance(factor, str) or factor not in columns:
@@ -232,7 +233,7 @@ def _check_compare(
     shown = ", ".join(short(v, 40) for v in levels[factor][:20]) + (
         " ..." if len(levels[factor]) > 20 else ""
     )
-    for key in ("a", "b"):
+    for key in COMPARE_KEYS[1:]:
         if not any(same_level(compare[key], v) for v in levels[factor]):
             raise StudyError(
                 f"{short(compare[key], 60)} is not a level of {factor}",
@@ -240,10 +241,10 @@ def _check_compare(
                 source=source,
                 allowed=shown,
             )
-    if same_level(compare["a"], compare["b"]):
+    if same_level(compare["baseline"], compare["treatment"]):
         raise StudyError(
-            "a and b are the same level: the paired difference would be zero by construction",
-            field="report.compare.b",
+            "baseline and treatment are the same level: the paired difference would be zero by construction",
+            field="report.compare.treatment",
             source=source,
-            allowed=f"a level of {factor} other than a",
+            allowed=f"a level of {factor} other than the baseline",
         )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from study.parallel import with_threads
 from study.paths import Layout
+from study.studies import cost  # estimate_seconds through the module: tests replace it there
 from study.studies.cost import (
-    estimate_seconds,
     finetune_is_bound,
     makespan,
     param_count,
@@ -31,7 +31,7 @@ def plan_rows(study: Study, layout: Layout, jobs: int, timed: bool) -> tuple[lis
     rows = []
     for run in study.runs:
         t = run.config.train
-        secs = estimate_seconds(with_threads(run.config, jobs)) if timed else None
+        secs = cost.estimate_seconds(with_threads(run.config, jobs)) if timed else None
         ft = ft_runs.get(run.run_hash)
         rows.append(
             {
@@ -64,10 +64,29 @@ def plan_lines(study: Study, rows: list[dict], ft: list, jobs: int, timed: bool)
             f"{r['est_tokens'] or '-':>10}  {est:>8}  {r['label']}"
         )
     lines.append(f"total: {sum(r['est_tokens'] or 0 for r in rows):,} training tokens")
+    if study.spec.search is not None:
+        lines.append(plan_search(study, cost.estimate_seconds(study.runs[0].config) if timed else None))
     if not timed:
         return [*lines, "time: not estimated (--no-time)"]
     pending = [r["est_seconds"] or 0 for r in rows if r["status"] != "done"]
     return lines + _time_lines(pending, ft, jobs, any(r["finetune_upper_bound"] for r in rows))
+
+
+def plan_search(study: Study, trial_run_s: float | None) -> str:
+    """`study plan` on a spec with a `search:` block: trials x seeds x the spec's run, as a worker trains it
+    (the searched values change each trial's cost: the spec's own run is the one timed)."""
+    s = study.spec.search
+    runs = f"{len(s.seeds)} run{'s' if len(s.seeds) > 1 else ''}"
+    tokens = (planned_tokens(study.runs[0].config) or 0) * len(s.seeds)
+    if s.n_trials is None:
+        return f"search: until {s.timeout:g} s per worker; each trial {runs} ({tokens:,} tokens)"
+    per = f", ~{trial_run_s * len(s.seeds) / 60:.1f} min each" if trial_run_s is not None else ""
+    total = f": ~{trial_run_s * len(s.seeds) * s.n_trials / 60:.0f} min on one worker" if per else ""
+    return (
+        f"search: {s.n_trials} trials x {runs} ({tokens:,} tokens{per}){total}; then search-best's "
+        f"{len(s.best_seeds)} seeds as a study (pruned trials stop early; the searched values change each "
+        "trial's cost, the spec's own run is the one timed)"
+    )
 
 
 def _time_lines(pending: list[float], ft: list, jobs: int, bound: bool) -> list[str]:

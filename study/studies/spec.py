@@ -40,6 +40,7 @@ from study.studies.checks import (
     same_level,
     suggest,
 )
+from study.studies.hints import canonical_compare
 from study.studies.specfile import PlannedRun, SpecFile, Study
 from study.studies.specyaml import clip, read_yaml, short
 
@@ -401,6 +402,8 @@ def load_study(path: str | Path, profile: str | None = None, fingerprint: bool =
             )
         for key, value in spec.profiles[profile].items():
             set_dotted(defaults, key, value, source)
+    spec.report.compare = canonical_compare(spec.report.compare, source)  # a/b: deprecated names
+    spec.report.compare = canonical_compare(spec.report.compare, source)  # a/b: deprecated names
     known_refs = references.available()
     for ref in spec.report.references:
         if ref not in known_refs:

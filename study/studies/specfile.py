@@ -23,7 +23,7 @@ class ReportHints(Strict):
     primary_metric: str = "ref_ppl"
     x: str | None = None
     hue: str | None = None
-    compare: dict[str, Any] | None = None  # {"factor": dotted key, "a": level, "b": level}
+    compare: dict[str, Any] | None = None  # {factor, baseline, treatment}: study/studies/hints.py
     references: list[str] = Field(default_factory=list)
 
 

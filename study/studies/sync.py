@@ -40,9 +40,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from study.errors import StudyError
 from study.io import atomic_write_text, canonical_json
-from study.studies.pipeline import MANIFESTS, pipeline_document, pipeline_text, render, runs_document
+from study.studies.pipeline import (
+    DVC,
+    MANIFESTS,
+    manifest,
+    pipeline_document,
+    pipeline_text,
+    plot_file,
+    render,
+    runs_document,
+)
 from study.studies.selection import (
     SELECTION_FILE,
     check_entry,
@@ -149,4 +160,29 @@ def change_selection(ablations: Path, out: Path, spec: str, profile: str | None,
     return f"selected: {', '.join(selection_entry(*e) for e in selection) or 'none'}"
 
 
-# --------------------------------------------------------------------------- stamps (pipeline/*.json)
+def study_stages(folder: Path) -> set[str]:
+    """The study names with a `study-<s>` stage in folder/dvc.yaml (none: no file, or unreadable)."""
+    try:
+        stages = yaml.safe_load((folder / "dvc.yaml").read_text()).get("stages") or {}
+    except (OSError, AttributeError, yaml.YAMLError):
+        return set()
+    return {k.removeprefix("study-") for k in stages if k.startswith("study-")}
+
+
+def forget_studies(folder: Path, names: set[str]) -> list[Path]:
+    """After a deselect: the files a removed study's stages left in folder (their stamps in pipeline/, the
+    metrics and plot copies git carries), removed; its results and reports stay. Returns what was removed."""
+    files = [
+        folder / p
+        for n in sorted(names)
+        for p in (
+            manifest(f"study-{n}"),
+            manifest(f"search-{n}"),
+            DVC.metrics_file(f"study-{n}").as_posix(),
+            plot_file(n),
+        )
+    ]
+    gone = [p for p in files if p.is_file()]
+    for p in gone:
+        p.unlink()
+    return gone
