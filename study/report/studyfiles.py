@@ -10,6 +10,7 @@ import pandas as pd
 
 from study.errors import StudyError
 from study.io import read_json
+from study.paths import Layout
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -55,7 +56,7 @@ def load_study_dir(study_dir: str | Path) -> StudyFiles:
     keys = study.get("factor_keys") or sorted(
         {k for r in study["plan"].get("runs", []) for k in r.get("factors", {})}
     )
-    tpath = study_dir.parent.parent / "search" / str(study["plan"].get("name")) / "trials.csv"
+    tpath = Layout(root=study_dir.parent.parent).search_trials(str(study["plan"].get("name")))
     trials = _read_csv(tpath) if tpath.exists() else None
     return StudyFiles(
         dir=study_dir,
