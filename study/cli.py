@@ -206,14 +206,18 @@ def cmd_aggregate(args) -> int:
 def cmd_report(args) -> int:
     # lazy: pandas, matplotlib (seconds)
     from study.report.render import render_index, render_report
+    from study.report.searchreport import search_inputs
 
     study, layout = _study(args), _layout(args)
     # a search's trials table (results/search/<name>/trials.csv) is read with the search's own direction:
     # the best trial of a maximized objective is the largest value
     search = study.spec.search
+    # a search renders with its trials and their plateau guard, aggregated first if need be (searchreport.py)
+    trials = search_inputs(study.plan_dict(layout), layout, args.quiet) if search is not None else None
     out = render_report(
         layout.study_dir(study.name),
         layout.report_dir(study.name),
+        search_trials=trials,
         search_direction=search.resolved_direction if search is not None else "minimize",
     )
     render_index(layout.reports)

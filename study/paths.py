@@ -75,6 +75,9 @@ class Layout:
     def search_dir(self, name: str) -> Path:
         return self.root / "search" / _folder(name)
 
+    def search_trials(self, name: str) -> Path:  # the search stage writes it, the report reads it
+        return self.search_dir(name) / "trials.csv"
+
     def cache_dir(self, kind: str) -> Path:
         # Outside results/finetune and the run folders on purpose: those are DVC dependencies, and a cache
         # changing must not make the study re-aggregate.

@@ -29,6 +29,7 @@ from study.report.plotting import (
     FigureFile,
     new_figure,
 )
+from study.report.searchreport import search_importance
 
 
 def _short_switch_steps(curves: pd.DataFrame, recipe: dict) -> list[float]:
@@ -302,4 +303,5 @@ def make_figures(
     drawn = choose(plan, keys, summary, comparisons, curves, runs)
     if trials is not None:
         drawn.append(_safe("search_trials", lambda: search_trials(trials, direction)))
+        drawn.append(_safe("search_importance", lambda: search_importance(trials, direction)))
     return save(drawn, out_dir)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, atomic_write_text
-from study.metrics import COST_METRICS, finite, is_bounded, param_columns, parse_metric
+from study.metrics import COST_METRICS, finite, is_bounded, parse_metric
 from study.report import figures as F
 from study.report import stats as S
 from study.report.fmt import fmt_ci, fmt_diff, fmt_value
@@ -34,6 +34,7 @@ from study.report.papers import reference_sections
 from study.report.problems import collapse_warning, problem_runs
 from study.report.prose import answer_sentence, methods_sentence, recipe_sentence
 from study.report.provenance import provenance_section
+from study.report.searchreport import search_answer, search_summary
 from study.report.studyfiles import StudyFiles, load_study_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -147,36 +148,6 @@ def _baseline_rows(sf: StudyFiles) -> list[dict]:
     ]
 
 
-def search_summary(trials: pd.DataFrame | None, direction: str = "minimize") -> dict | None:
-    """Counts and the best trial of a trials table (number, state, value, params_<key>...).
-
-    The columns are study/metrics.py's: the search stage's trials.csv and optuna's
-    `Study.trials_dataframe()` both fit as they are; `direction` is the study's (minimize/maximize).
-    """
-    if trials is None or trials.empty:
-        return None
-    state = (
-        trials["state"].astype(str).str.upper()
-        if "state" in trials
-        else pd.Series("COMPLETE", index=trials.index)
-    )
-    counts = state.value_counts().to_dict()
-    done = (
-        trials[state.str.contains("COMPLETE") & trials["value"].notna()]
-        if "value" in trials
-        else trials.iloc[:0]
-    )
-    best = None
-    if not done.empty:
-        b = done.loc[done["value"].idxmin() if direction == "minimize" else done["value"].idxmax()]
-        best = {
-            "number": int(b["number"]) if "number" in b and finite(b["number"]) else None,
-            "value": f"{b['value']:.4g}",
-            "params": {key: b[col] for key, col in param_columns(b.index).items()},
-        }
-    return {"n": len(trials), "counts": counts, "best": best}
-
-
 # --------------------------------------------------------------------------- rendering
 def _env() -> jinja2.Environment:
     # autoescape=True for every template: study names, questions, labels and errors are user text.
@@ -243,7 +214,8 @@ def render_report(
     out_dir = Path(out_dir)
     sections = reference_sections(sf)  # raises StudyError for an unknown reference before writing
     figs = _figures(sf, out_dir, search_direction)
-    answer = answer_sentence(sf)
+    search = search_summary(sf.trials, search_direction)
+    answer = search_answer(answer_sentence(sf), search)  # a search's best trial leads the headline
     problems = problem_runs(sf)
     warning = collapse_warning(problems["collapsed"], len(sf.runs))
     plan = sf.plan
@@ -267,7 +239,7 @@ def render_report(
             references=sections,
             problems=problems,
             provenance=provenance_section(sf),
-            search=search_summary(sf.trials, search_direction),
+            search=search,
             n_runs=len(sf.runs),
             n_done=int((sf.runs["status"] == "done").sum()) if len(sf.runs) else 0,
             generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -56,7 +56,7 @@ def load_study_dir(study_dir: str | Path) -> StudyFiles:
     keys = study.get("factor_keys") or sorted(
         {k for r in study["plan"].get("runs", []) for k in r.get("factors", {})}
     )
-    tpath = Layout.of_study_dir(study_dir).search_dir(str(study["plan"].get("name"))) / "trials.csv"
+    tpath = Layout.of_study_dir(study_dir).search_trials(str(study["plan"].get("name")))
     trials = _read_csv(tpath) if tpath.exists() else None
     return StudyFiles(
         dir=study_dir,

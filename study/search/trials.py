@@ -23,7 +23,6 @@ from study.errors import StudyError
 from study.io import atomic_write_json, atomic_write_text
 from study.metrics import TRIAL_COLUMNS, param_column
 from study.paths import Layout
-from study.rundir import RunDir
 from study.search.checks import load_search
 from study.search.configs import resolve_settings, search_fingerprint, tidy_params
 from study.search.storage import check_fingerprint, open_storage
@@ -100,27 +99,6 @@ def best_spec(study: Study, search: SearchSpec, ostudy) -> dict:
     }
 
 
-def not_learned(run_hashes: list[str], layout: Layout) -> list[str]:
-    """The runs of a trial that finished without learning past always predicting the most frequent token:
-    the report's plateau guard (report/collect.py: learned per run, plateau_hashes over them), one rule."""
-    import pandas as pd  # with the aggregate below: loaded only when a best is written
-
-    from study.report.collect import learned, plateau_hashes  # 0.5 s (pandas): only once a best is written
-
-    runs = pd.DataFrame(
-        [
-            {
-                "run_hash": h,
-                "status": RunDir(layout, h).status().status,
-                "learned": learned(RunDir(layout, h).metrics()),
-            }
-            for h in run_hashes
-        ],
-        columns=["run_hash", "status", "learned"],
-    )
-    return sorted(plateau_hashes(runs))
-
-
 def write_best(
     spec: str | Path,
     out: str | Path | None = None,
@@ -158,6 +136,9 @@ def write_best(
         (Path(tmp) / out.name).write_text(text)
         load_study(Path(tmp) / out.name)  # raises StudyError naming the field if not
     best = ostudy.best_trial
+    # the report's plateau guard, one rule (report/searchreport.py); pandas: only once a best is written (0.5 s)
+    from study.report.searchreport import not_learned
+
     flat = not_learned(best.user_attrs.get("run_hashes") or [best.user_attrs.get("run_hash")], layout)
     if flat:  # the search's best may be the least bad of trials that all stayed on the plateau
         warning = (
@@ -182,6 +163,6 @@ def write_best(
         "provenance": provenance(),
     }
     atomic_write_text(out, text)
-    export_trials(ostudy, layout.search_dir(study.name) / "trials.csv")
+    export_trials(ostudy, layout.search_trials(study.name))
     atomic_write_json(layout.search_dir(study.name) / "best.json", info)
     return out

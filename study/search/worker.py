@@ -124,7 +124,7 @@ def run_search(
             failures = _one_trial(ostudy, objective, failures)
     finally:
         bar.close()
-        export_trials(ostudy, out_dir / "trials.csv")
+        export_trials(ostudy, layout.search_trials(study.name))
     return ostudy
 
 
