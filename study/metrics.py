@@ -37,6 +37,8 @@ PRETRAIN_METRICS = (
 COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
 # How a downstream result was obtained: full fine-tuning, or a linear probe on the frozen encoder.
 MODES = ("finetune", "probe")
+# The zero-shot evaluations (study/zeroshot/): their task names and their mode in the tidy table.
+BLIMP, CROSS_SENTENCE, ZEROSHOT = "BLiMP", "cross-sentence", "zeroshot"
 DEFAULT_METRIC = "ref_ppl"  # a report's primary metric when the spec names none
 
 EXAMPLE = "SST-2/finetune/accuracy"

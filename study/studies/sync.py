@@ -82,6 +82,7 @@ ROOT_CODE = [
         "rundir",
         "runtime",
         "schema",
+        "zeroshot_config",
     )
 ]
 # A data stage's outputs are a function of its data config (named by the hash in the stage) and of the code
@@ -90,6 +91,8 @@ ROOT_CODE = [
 DATA_CODE = [
     "study/data",
     *(f"study/{m}.py" for m in ("__init__", "config", "errors", "faults", "io", "lazy", "paths", "schema")),
+    "study/zeroshot_config.py",  # config.py's zeroshot section, and the names it reads from metrics.py
+    "study/metrics.py",
 ]
 CODE = {
     kind: [
@@ -97,6 +100,7 @@ CODE = {
         "study/model",
         "study/pretrain",
         "study/downstream",
+        "study/zeroshot",
         "study/report",
         "study/studies",
         "study/search",
