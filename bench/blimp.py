@@ -12,6 +12,7 @@ idle machine wall ~ CPU / threads), so a loaded machine shows as wall >> CPU / t
 
     python bench/blimp.py [--spec ablations/nsp.yaml] [--profile cpu] [--pairs N] [--threads 2]
     python bench/blimp.py --dry     # the smoke spec, 2 pairs per paradigm: checks the wiring in seconds
+    --crosssent                      # also time cross-sentence scoring (zeroshot.crosssent_pairs)
 
 Last line, exactly: `blimp pairs=<n> seconds=<s> cpu_s=<c> pairs_per_s=<x> pretrain_s=<p> fraction=<f>`.
 """
@@ -41,18 +42,22 @@ def main() -> None:
         "--pretrain-s", type=float, default=840.0, help="pre-training wall time when not trained here"
     )
     ap.add_argument("--dry", action="store_true", help="the smoke spec, 2 pairs per paradigm")
+    ap.add_argument("--crosssent", action="store_true", help="also time the cross-sentence evaluation")
     args = ap.parse_args()
     if args.dry:
         args.spec, args.profile, args.pairs = str(REPO / "ablations/smoke.yaml"), None, 2
 
     import torch
 
+    from study.data.prepare import prepare_data
+    from study.data.tokenizer import continuation_mask, special_ids
     from study.downstream.models import pretrained_model, random_model
     from study.paths import Layout
     from study.rundir import RunDir
     from study.studies.spec import load_study
-    from study.zeroshot import blimp
+    from study.zeroshot import blimp, crosssent
     from study.zeroshot.pll import pll, sentence_rows
+    from study.zeroshot_config import PAIR_FORMATS
 
     run = load_study(args.spec, args.profile).runs[0]
     cfg = run.config.model_copy(deep=True)
@@ -72,11 +77,23 @@ def main() -> None:
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     acc = blimp.summary(blimp.pair_results(pairs, scores))["accuracy"]
     print(
-        f"{run.label} seed{run.seed} ({source}): {len(pairs):,} pairs ({n} per paradigm, {cfg.zeroshot.pll}) in "
-        f"{seconds:.1f} s wall ({cpu:.1f} s CPU) on {args.threads} threads, accuracy {100 * acc:.1f}%; pre-training {pretrain_s:.0f} s "
-        f"(from {where})",
+        f"{run.label} seed{run.seed} ({source}): {len(pairs):,} pairs ({n} per paradigm, {cfg.zeroshot.pll}) "
+        f"in {seconds:.1f} s wall ({cpu:.1f} s CPU) on {args.threads} threads, accuracy {100 * acc:.1f}%; "
+        f"pre-training {pretrain_s:.0f} s (from {where})",
         flush=True,
     )
+    if args.crosssent:  # the other zero-shot evaluation, on the run's held-out test documents
+        split = prepare_data(cfg, layout, progress=False).split("test")
+        ts = crosssent.triples(split, cfg.zeroshot.crosssent_pairs)
+        t1 = time.perf_counter()
+        segments = cfg.objective.format in PAIR_FORMATS
+        cs = crosssent.rows(
+            split, ts, special_ids(tok), continuation_mask(tok), segments, cfg.objective.max_seq_len
+        )
+        gain = crosssent.summary(crosssent.pair_results(ts, split, pll(model, cs, tok.mask_token_id)))["gain"]
+        print(
+            f"cross-sentence: {len(ts)} pairs in {time.perf_counter() - t1:.1f} s wall, gain {gain:.4f} nats/token"
+        )
     print(
         f"blimp pairs={len(pairs)} seconds={seconds:.2f} cpu_s={cpu:.2f} pairs_per_s={len(pairs) / seconds:.1f} "
         f"pretrain_s={pretrain_s:.0f} fraction={seconds / pretrain_s:.3f}"

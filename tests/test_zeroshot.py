@@ -7,15 +7,20 @@ import json
 import zipfile
 
 import numpy as np
+import pandas as pd
 import pytest
+import report_fixtures as rf
 import torch
 
 from study.config import RunConfig
 from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids, train_tokenizer
 from study.data.tokens import TokenizedSplit
+from study.io import read_json
 from study.metrics import BLIMP, CROSS_SENTENCE
 from study.model.bert import build_model
 from study.paths import Layout
+from study.report.aggregate import aggregate_study
+from study.report.render import render_report
 from study.zeroshot import blimp, crosssent
 from study.zeroshot import run as zs_run
 from study.zeroshot.pll import Scored, mask_sets, pll, sentence_rows
@@ -209,3 +214,52 @@ def test_scored_type():
     assert mask_sets(r, "within_word_l2r") == [(1, [1, 2]), (2, [2])]
     with pytest.raises(ValueError):
         mask_sets(r, "l2r")
+
+
+def test_tables_and_report_section(tmp_path, shared_data):
+    """Zero-shot result files of every run and baseline reach the tidy table (headline metrics), the
+    per-phenomenon tables and the report's section, beside the BLiMP paper's models and human agreement."""
+    layout, plan, study_dir = rf.build(tmp_path, "nsp", failures=False)
+    hashes = {BLIMP: "bh", CROSS_SENTENCE: "ch"}
+    terms = ["anaphor_agreement", "binding"]
+    for r in plan["runs"]:
+        r["zeroshot"] = hashes
+        cfg = layout.run_dir(r["run_hash"]) / "config.json"
+        conf = read_json(cfg)
+        conf["zeroshot"] = {"blimp_zip": str(shared_data / "blimp" / "BLiMP.zip")}
+        cfg.write_text(json.dumps(conf))
+        nsp = r["factors"]["objective.sentence"] == "nsp"
+        for key, init, acc in (
+            (r["run_hash"], "pretrained", 0.6 + 0.05 * nsp),
+            (r["baseline_key"], "random", 0.5),
+        ):
+            metrics = {
+                "accuracy": acc,
+                "pairs": 200,
+                **{f"accuracy:{t}": acc + 0.01 * i for i, t in enumerate(terms)},
+            }
+            for ev, m in (
+                (BLIMP, metrics),
+                (CROSS_SENTENCE, {"gain": 0.02 * nsp, "win_rate": 0.55, "pairs": 600}),
+            ):
+                path = layout.zeroshot_file(key, ev, hashes[ev])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"init": init, "metrics": m, "recipe": {"pll": "original"}}))
+    out = aggregate_study(plan, layout)
+    tidy = read_json(out / "study.json")  # the aggregate ran through
+    assert tidy["plan"]["runs"][0]["zeroshot"] == hashes
+    results = pd.read_csv(out / "results.csv")
+    zs = results[results["mode"] == "zeroshot"]
+    assert set(zip(zs["task"], zs["metric"], strict=True)) == {
+        (BLIMP, "accuracy"),
+        (CROSS_SENTENCE, "gain"),
+        (CROSS_SENTENCE, "win_rate"),
+    }  # per phenomenon stays out of the comparisons
+    detail = pd.read_csv(out / "zeroshot_summary.csv")
+    assert {f"accuracy:{t}" for t in terms} <= set(detail["metric"])
+    base = pd.read_csv(out / "baseline.csv")
+    assert ((base["task"] == BLIMP) & (base["metric"] == "accuracy")).any()  # pre-trained vs random init
+    html = render_report(out, layout.report_dir(plan["name"])).read_text()
+    assert 'id="blimp"' in html and "GPT-2 (paper)" in html and "83.0" in html and "human (paper)" in html
+    assert "1,200 minimal pairs" not in html and "200 minimal pairs" in html  # pairs per model, as scored
+    assert 'id="fig-blimp-phenomena"' in html and 'id="crosssent"' in html
