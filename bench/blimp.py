@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(REPO / "ablations/nsp.yaml"))
-    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--profile", default="cpu", help="'none' for a spec's defaults (the smoke study)")
     ap.add_argument("--results", default="results", help="the results folder the run (and its data) live in")
     ap.add_argument("--pairs", type=int, default=None, help="pairs per paradigm (default: the profile's)")
     ap.add_argument("--threads", type=int, default=2)
@@ -59,7 +59,7 @@ def main() -> None:
     from study.zeroshot.pll import pll, sentence_rows
     from study.zeroshot_config import PAIR_FORMATS
 
-    run = load_study(args.spec, args.profile).runs[0]
+    run = load_study(args.spec, None if args.profile in (None, "none") else args.profile).runs[0]
     cfg = run.config.model_copy(deep=True)
     cfg.impl.threads, cfg.impl.precision, cfg.impl.device = args.threads, "fp32", "cpu"
     n = args.pairs if args.pairs is not None else cfg.zeroshot.blimp_pairs
@@ -85,14 +85,15 @@ def main() -> None:
     if args.crosssent:  # the other zero-shot evaluation, on the run's held-out test documents
         split = prepare_data(cfg, layout, progress=False).split("test")
         ts = crosssent.triples(split, cfg.zeroshot.crosssent_pairs)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         segments = cfg.objective.format in PAIR_FORMATS
         cs = crosssent.rows(
             split, ts, special_ids(tok), continuation_mask(tok), segments, cfg.objective.max_seq_len
         )
         gain = crosssent.summary(crosssent.pair_results(ts, split, pll(model, cs, tok.mask_token_id)))["gain"]
         print(
-            f"cross-sentence: {len(ts)} pairs in {time.perf_counter() - t1:.1f} s wall, gain {gain:.4f} nats/token"
+            f"cross-sentence: {len(ts)} pairs in {time.perf_counter() - t1:.1f} s wall "
+            f"({time.process_time() - c1:.1f} s CPU), gain {gain:.4f} nats/token"
         )
     print(
         f"blimp pairs={len(pairs)} seconds={seconds:.2f} cpu_s={cpu:.2f} pairs_per_s={len(pairs) / seconds:.1f} "
