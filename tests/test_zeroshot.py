@@ -15,12 +15,14 @@ import torch
 from study.config import RunConfig
 from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids, train_tokenizer
 from study.data.tokens import TokenizedSplit
+from study.errors import StudyError
 from study.io import read_json
 from study.metrics import BLIMP, CROSS_SENTENCE
 from study.model.bert import build_model
 from study.paths import Layout
 from study.report.aggregate import aggregate_study
 from study.report.render import render_report
+from study.studies.spec import load_study
 from study.zeroshot import blimp, crosssent
 from study.zeroshot import run as zs_run
 from study.zeroshot.pll import Scored, mask_sets, pll, sentence_rows
@@ -263,3 +265,27 @@ def test_tables_and_report_section(tmp_path, shared_data):
     assert 'id="blimp"' in html and "GPT-2 (paper)" in html and "83.0" in html and "human (paper)" in html
     assert "1,200 minimal pairs" not in html and "200 minimal pairs" in html  # pairs per model, as scored
     assert 'id="fig-blimp-phenomena"' in html and 'id="crosssent"' in html
+
+
+@pytest.mark.parametrize(
+    "primary, ok",
+    [
+        ("BLiMP/zeroshot/accuracy", True),
+        ("cross-sentence/zeroshot/win_rate", True),
+        ("BLiMP/zeroshot/gain", False),
+    ],
+)
+def test_a_zeroshot_metric_may_be_a_primary(tmp_path, primary, ok):
+    spec = {
+        "name": "z",
+        "question": "q?",
+        "defaults": {"corpus": {"sources": ["embedded"]}, "finetune": {"tasks": ["SST-2"]}},
+        "seeds": [0],
+        "report": {"primary_metric": primary},
+    }
+    (tmp_path / "z.yaml").write_text(json.dumps(spec))  # JSON is YAML
+    if ok:
+        assert load_study(tmp_path / "z.yaml").runs
+    else:
+        with pytest.raises(StudyError, match="report.primary_metric"):
+            load_study(tmp_path / "z.yaml")
