@@ -122,23 +122,24 @@ def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:
 def _score_batch(model, copies, rows, mask_id: int, device) -> np.ndarray:
     width = max(len(rows[r].ids) for r, _, _ in copies)
     n = len(copies)
-    ids = torch.full((n, width), PAD_ID, dtype=torch.long)
-    types = torch.zeros((n, width), dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    at = torch.empty(n, dtype=torch.long)
-    true = torch.empty(n, dtype=torch.long)
+    # filled in numpy (one small torch tensor per row cost more than the forward pass of a small model)
+    ids = np.full((n, width), PAD_ID, dtype=np.int64)
+    types = np.zeros((n, width), dtype=np.int64)
+    attn = np.zeros((n, width), dtype=np.int64)
+    at = np.empty(n, dtype=np.int64)
+    true = np.empty(n, dtype=np.int64)
     for i, (r, t, masked) in enumerate(copies):
         row = rows[r]
         L = len(row.ids)
-        ids[i, :L] = torch.tensor(row.ids)
-        types[i, :L] = torch.tensor(row.types)
+        ids[i, :L] = row.ids
+        types[i, :L] = row.types
         attn[i, :L] = 1
         true[i] = row.ids[t]
         ids[i, masked] = mask_id
         at[i] = t
-    ids, types, attn = ids.to(device), types.to(device), attn.to(device)
-    hidden = model.bert(input_ids=ids, attention_mask=attn, token_type_ids=types)[0]
-    picked = hidden[torch.arange(n, device=hidden.device), at.to(hidden.device)]
-    logits = model.cls.predictions(picked).float()
+    ids_t, types_t, attn_t = (torch.from_numpy(x).to(device) for x in (ids, types, attn))
+    hidden = model.bert(input_ids=ids_t, attention_mask=attn_t, token_type_ids=types_t)[0]
+    rows_t = torch.arange(n, device=hidden.device)
+    logits = model.cls.predictions(hidden[rows_t, torch.from_numpy(at).to(hidden.device)]).float()
     lp = torch.log_softmax(logits, dim=-1)
-    return lp[torch.arange(n, device=lp.device), true.to(lp.device)].double().cpu().numpy()
+    return lp[rows_t.to(lp.device), torch.from_numpy(true).to(lp.device)].double().cpu().numpy()
