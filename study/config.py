@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 
 from study.io import hash_obj
 from study.schema import Seed, SeedList, Strict, cross_field_error
+from study.zeroshot_config import ZeroshotConfig, zeroshot_hashes
 
 
 # --------------------------------------------------------------------------- corpus
@@ -362,6 +363,7 @@ class RunConfig(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    zeroshot: ZeroshotConfig = Field(default_factory=ZeroshotConfig)
     impl: ImplConfig = Field(default_factory=ImplConfig)
 
     @model_validator(mode="after")
@@ -434,3 +436,7 @@ class RunConfig(Strict):
         d.pop("tasks")  # each task is its own result file
         d.pop("glue_dir")  # where the data lies is not what it is
         return hash_obj(d)
+
+    def zeroshot_hashes(self) -> dict[str, str]:
+        """{evaluation: the identity of its results} (study/zeroshot_config.py)."""
+        return zeroshot_hashes(self)

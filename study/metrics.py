@@ -35,8 +35,12 @@ PRETRAIN_METRICS = (
 )
 # Cost metrics (metrics.json / meta.json) carried as tidy rows too, so cost figures get seed CIs.
 COST_METRICS = ("tokens_per_s", "params", "tokens_seen", "mfu", "wall_s")
-# How a downstream result was obtained: full fine-tuning, or a linear probe on the frozen encoder.
-MODES = ("finetune", "probe")
+# The zero-shot evaluations (study/zeroshot/): their task names, their mode in the tidy table and the metrics
+# there, so `report.primary_metric: BLiMP/zeroshot/accuracy` validates (the per-phenomenon ones stay apart).
+BLIMP, CROSS_SENTENCE, ZEROSHOT = "BLiMP", "cross-sentence", "zeroshot"
+ZEROSHOT_METRICS = {BLIMP: ("accuracy",), CROSS_SENTENCE: ("gain", "win_rate")}
+# How a downstream result was obtained: full fine-tuning, a linear probe on the frozen encoder, or zero-shot.
+MODES = ("finetune", "probe", ZEROSHOT)
 DEFAULT_METRIC = "ref_ppl"  # a report's primary metric when the spec names none
 
 EXAMPLE = "SST-2/finetune/accuracy"

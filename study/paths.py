@@ -6,6 +6,7 @@ results/
                            history.jsonl, metrics.json, model/ (save_pretrained + tokenizer), checkpoints/
   finetune/<run_hash>/     downstream results: <task>/<finetune_hash>/<mode>-seed<k>.json
   finetune/random-<hash>/  the random-init baseline for one architecture + tokenizer
+  finetune/<key>/zeroshot/ zero-shot results: <evaluation>/<zeroshot_hash>.json (BLiMP, cross-sentence)
   studies/<name>/          aggregate tables of one study
   search/<name>/           optuna storage and exported best spec
   metrics/, plots/         copies of runs' and studies' metrics and loss curves for `dvc metrics/plots`
@@ -68,6 +69,10 @@ class Layout:
 
     def finetune_dir(self, run_key: str) -> Path:
         return self.root / "finetune" / run_key
+
+    def zeroshot_file(self, run_key: str, evaluation: str, eval_hash: str) -> Path:
+        """A zero-shot evaluation's per-pair scores (study/zeroshot/), beside the encoder's fine-tune results."""
+        return self.finetune_dir(run_key) / "zeroshot" / evaluation / f"{eval_hash}.json"
 
     def study_dir(self, name: str) -> Path:
         return self.root / "studies" / _folder(name)

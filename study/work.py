@@ -25,12 +25,14 @@ def pretrain_one(cfg, layout: Layout, quiet: bool, label: str) -> tuple[int, flo
 
 
 def finetune_one(kind: str, cfg, layout: Layout, quiet: bool) -> tuple[list[dict], float]:
-    """Fine-tune one run's model ("run") or its random-init baseline ("baseline"): (results, seconds)."""
+    """Fine-tune one run's model ("run") or its random-init baseline ("baseline"), then score it zero-shot
+    (BLiMP, cross-sentence: study/zeroshot/): (results, seconds)."""
     from study.downstream.finetune import finetune_baseline, finetune_run  # lazy: torch (module doc)
+    from study.zeroshot import zeroshot_baseline, zeroshot_run  # lazy: torch (module doc)
 
     t0 = time.monotonic()
-    fn = finetune_run if kind == "run" else finetune_baseline
-    return fn(cfg, layout, quiet=quiet), time.monotonic() - t0
+    fn, zs = (finetune_run, zeroshot_run) if kind == "run" else (finetune_baseline, zeroshot_baseline)
+    return fn(cfg, layout, quiet=quiet) + zs(cfg, layout, quiet=quiet), time.monotonic() - t0
 
 
 def guarded(run: RunDir, fn, label: str) -> int:
@@ -66,7 +68,8 @@ def finetune_items(
                 field="--baseline",
                 allowed=", ".join(sorted({r.config.baseline_key() for r in study.runs})) or "none",
             )
-        items.append((f"baseline {key}", ("baseline", matches[0].config, layout, quiet)))
+        layouts = {tuple(sorted(m.config.zeroshot_hashes().values())): m.config for m in matches}
+        items += [(f"baseline {key}", ("baseline", cfg, layout, quiet)) for cfg in layouts.values()]
     if baselines:
         return items
     for run in study.runs if runs is None else runs:
@@ -85,8 +88,11 @@ def finetune_items(
     if runs is None:  # a whole study: its random-init baselines too
         seen = set()
         for run in study.runs:
-            if run.config.finetune.baseline and run.config.baseline_key() not in seen:
-                seen.add(run.config.baseline_key())
+            # once per zero-shot identity too: a baseline shared by a pair and a packed format is scored
+            # in each row layout (its fine-tune results are found done the second time)
+            key = (run.config.baseline_key(), *sorted(run.config.zeroshot_hashes().values()))
+            if run.config.finetune.baseline and key not in seen:
+                seen.add(key)
                 items.append(
                     (f"baseline {run.config.baseline_key()}", ("baseline", run.config, layout, quiet))
                 )

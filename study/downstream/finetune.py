@@ -52,11 +52,10 @@ import torch
 from tqdm import tqdm
 
 from study.config import RunConfig
-from study.data.prepare import prepare_data
-from study.data.tokenizer import load_tokenizer
 from study.downstream import batched
 from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step, lr_lambda
 from study.downstream.encode import Encoded, cap_rows, collate, encode, epoch_batches, eval_batches
+from study.downstream.models import pretrained_model, random_model
 from study.downstream.probe import probe
 from study.downstream.results import (
     TaskRecords,
@@ -70,9 +69,7 @@ from study.downstream.results import (
 )
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task
 from study.errors import StudyError
-from study.io import atomic_write_json, file_lock, read_json
-from study.model.bert import build_model
-from study.model.load import load_pretrained
+from study.io import atomic_write_json, file_lock
 from study.paths import Layout
 from study.provenance import provenance
 from study.rundir import RunDir
@@ -82,37 +79,21 @@ from study.runtime import Runtime, resolve, threads
 # --------------------------------------------------------------------------- public API
 def finetune_run(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
     """Fine-tune (and probe) the pre-trained model of `cfg` on every task x seed of cfg.finetune."""
-    run = RunDir(layout, cfg.run_hash())
-    model_dir = run.model_dir
+    model_dir = RunDir(layout, cfg.run_hash()).model_dir
 
     def load() -> Encoder:
-        if not run.has_model():
-            raise StudyError(
-                f"no pre-trained model at {model_dir}; run `study pretrain` first",
-                field="run",
-                source=str(model_dir),
-            )
-        tok = _load_tokenizer(model_dir)
-        vocab = int(read_json(model_dir / "config.json")["vocab_size"])
-        _check_vocab(tok, vocab, model_dir)
-        # the full pre-training class, of which fine-tuning keeps the encoder (with its pooler)
-        return Encoder(tok, load_pretrained(model_dir, cfg.impl.attention, quiet).bert, str(model_dir))
+        tok, model, source = pretrained_model(cfg, layout, quiet)
+        return Encoder(tok, model.bert, source)  # fine-tuning keeps the encoder (with its pooler)
 
     return _run_all(cfg, layout, cfg.run_hash(), "pretrained", load, quiet, encoder_digest(model_dir))
 
 
 def finetune_baseline(cfg: RunConfig, layout: Layout, quiet: bool = False) -> list[dict]:
     """The same architecture with random (seeded) weights, the same recipe; init "random"."""
-    model_dir = RunDir(layout, cfg.run_hash()).model_dir
 
     def load() -> Encoder:
-        if (model_dir / "tokenizer.json").is_file():
-            tok, where = _load_tokenizer(model_dir), str(model_dir)
-        else:
-            prepared = prepare_data(cfg, layout, progress=not quiet)
-            tok, where = prepared.tokenizer, str(prepared.dir)
-        model = build_model(cfg.model, len(tok), sentence_head=False, impl=cfg.impl, seed=cfg.seed)
-        return Encoder(tok, model.bert, f"random init (seed {cfg.seed}), tokenizer from {where}")
+        tok, model, source = random_model(cfg, layout, quiet)
+        return Encoder(tok, model.bert, source)
 
     return _run_all(cfg, layout, cfg.baseline_key(), "random", load, quiet)
 
@@ -126,26 +107,6 @@ class Encoder:
     tokenizer: object
     bert: torch.nn.Module  # transformers BertModel (with pooler)
     source: str
-
-
-def _load_tokenizer(model_dir: Path):
-    if not (model_dir / "tokenizer.json").is_file():
-        raise StudyError(
-            f"the checkpoint has no tokenizer (tokenizer.json) in {model_dir}",
-            field="run",
-            source=str(model_dir),
-        )
-    return load_tokenizer(model_dir)
-
-
-def _check_vocab(tok, vocab_size: int, where: Path) -> None:
-    if len(tok) != vocab_size:
-        raise StudyError(
-            f"the tokenizer has {len(tok)} tokens but the model's embedding has {vocab_size} rows",
-            field="tokenizer.vocab_size",
-            allowed=f"a tokenizer of exactly {vocab_size} tokens",
-            source=str(where),
-        )
 
 
 # --------------------------------------------------------------------------- fine-tuning

@@ -21,6 +21,7 @@ from study.metrics import parse_metric
 from study.paths import Layout
 from study.report import sees as SP
 from study.report import stats as S
+from study.report import zeroshot as Z
 from study.report.collect import collect, plateau_hashes
 from study.report.comparisons import baseline_gain, compare
 from study.report.units import summarize
@@ -184,6 +185,8 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
         comps = comps.merge(sees[["task", "mode", "metric", "sees_pretraining"]], how="left")
     atomic_write_text(out / "comparisons.csv", _csv(comps))
     atomic_write_text(out / "baseline.csv", _csv(base))
+    zs = pd.DataFrame(c["zeroshot"], columns=[*c["tidy"].columns, "pll"])
+    Z.write(out, c["zeroshot"], summarize(zs[zs["status"] == "done"], c["factor_keys"]), layout, plan)
     provenance: dict[str, Any] = {}
     for r in plan["runs"]:
         if m := RunDir(layout, r["run_hash"]).meta():

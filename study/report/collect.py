@@ -16,6 +16,7 @@ from study.errors import StudyError
 from study.io import read_json
 from study.metrics import COST_METRICS, PRETRAIN, PRETRAIN_METRICS
 from study.paths import Layout
+from study.report import zeroshot as Z
 from study.rundir import RunDir
 
 
@@ -193,7 +194,7 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         if key not in plan:
             raise StudyError("missing from the study plan", field=key)
     factor_keys = sorted({k for r in plan["runs"] for k in r.get("factors", {})})
-    tidy, runs, curves = [], [], []
+    tidy, runs, curves, zs = [], [], [], []
     ft = _Finetune(plan, layout, tidy)
     for r in plan["runs"]:
         rd = RunDir(layout, r["run_hash"])
@@ -222,8 +223,11 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
             for ev in rd.loss_curve()
         )
         ft.read(r, r["run_hash"], "pretrained", base)
+        zs += Z.rows(layout, r["run_hash"], "pretrained", base, r.get("zeroshot"))  # BLiMP, cross-sentence
         if r.get("baseline_key"):
             ft.read(r, r["baseline_key"], "random", base)
+            zs += Z.rows(layout, r["baseline_key"], "random", base, r.get("zeroshot"))
+    tidy += Z.headline(zs)  # the rest (per phenomenon) in zeroshot.csv, out of the comparisons
     return {
         "tidy": pd.DataFrame(tidy, columns=[*TIDY_COLS, *factor_keys]),
         "runs": pd.DataFrame(runs),
@@ -235,4 +239,5 @@ def collect(plan: dict, layout: Layout) -> dict[str, pd.DataFrame]:
         "finetune_provenance": ft.provenance,  # result file -> its git record
         "factor_keys": factor_keys,
         "eval_rows": {t: sorted(v) for t, v in sorted(ft.eval_rows.items())},
+        "zeroshot": zs,
     }

@@ -36,6 +36,7 @@ from study.report.prose import answer_sentence, methods_sentence, recipe_sentenc
 from study.report.provenance import provenance_section
 from study.report.searchreport import search_answer, search_summary
 from study.report.studyfiles import StudyFiles, load_study_dir
+from study.report.zeroshot_view import section as zeroshot_section
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -235,6 +236,7 @@ def render_report(
             summary=_summary_rows(sf),
             comparisons=_comparison_rows(sf),
             baseline=_baseline_rows(sf),
+            zeroshot=zeroshot_section(sf.dir, sf.plan, sf.factor_keys),
             figures=figs,
             references=sections,
             problems=problems,

@@ -15,7 +15,7 @@ from typing import Any
 from study.downstream.tasks import get_task
 from study.errors import StudyError
 from study.levels import same_level  # the one level rule (spec.py imports it from here)
-from study.metrics import parse_metric
+from study.metrics import ZEROSHOT_METRICS, parse_metric
 from study.paths import SAFE_NAME_ALLOWED, safe_name
 from study.studies.hints import COMPARE_KEYS
 from study.studies.specfile import PlannedRun, SpecFile, Study
@@ -186,6 +186,7 @@ def check_report_hints(study: Study) -> None:
     tasks: dict[str, tuple[str, ...]] = {}
     for run in study.runs:
         tasks.update({t: get_task(t).metrics for t in run.config.finetune.tasks})
+        tasks.update({e: ZEROSHOT_METRICS[e] for e in run.config.zeroshot_hashes()})  # BLiMP, cross-sentence
     metric = parse_metric(hints.primary_metric, field="report.primary_metric", source=source, tasks=tasks)
     if metric.name == "sentence_acc" and all(r.config.objective.sentence == "none" for r in study.runs):
         raise StudyError(

@@ -50,6 +50,7 @@ ROOT_CODE = [
         "runtime",
         "schema",
         "work",
+        "zeroshot_config",
     )
 ]
 
@@ -63,6 +64,8 @@ DATA_CODE = [
         f"study/{m}.py"
         for m in ("__init__", "config", "errors", "faults", "io", "labels", "lazy", "paths", "schema")
     ),
+    "study/zeroshot_config.py",  # config.py's zeroshot section, and the names it reads from metrics.py
+    "study/metrics.py",
 ]
 
 
@@ -72,6 +75,7 @@ CODE = {
         "study/model",
         "study/pretrain",
         "study/downstream",
+        "study/zeroshot",
         "study/report",
         "study/studies",
         "study/search",

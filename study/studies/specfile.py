@@ -106,6 +106,7 @@ class Study:
                 "baseline_key": p.config.baseline_key() if p.config.finetune.baseline else None,
                 "finetune_seeds": list(p.config.finetune.seeds),
                 "finetune_tasks": list(p.config.finetune.tasks),
+                "zeroshot": p.config.zeroshot_hashes(),  # {evaluation: its result's hash}
             }
             for p in self.runs
         ]
