@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from study.cpu import add_threads_option, threads_from_args
 from study.errors import (
     EXIT_CTRL_C,
     EXIT_DIVERGED,
@@ -620,9 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
     plan.add_argument(
         "--jobs",
-        default="1",
+        default="auto",
         help="estimate for `--jobs N|auto`: each run timed with cores/N "
-        "threads, the wall time scheduled over N workers",
+        "threads, the wall time scheduled over N workers (default auto, as the DVC stages run them; "
+        "give the --jobs you will give `study run`)",
     )
     plan.add_argument(
         "--detect",
@@ -687,6 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--every", type=int, default=50, help="steps between evals when the run trains (default 50)"
     )
+    for sp in (plan, pre, ft, run, c, sub.choices["rescore"]):  # every command that trains or scores
+        add_threads_option(sp)
     sync_help = f"regenerate {RUNS_FILE} and dvc.yaml from params.yaml's selected studies and their specs"
     s = sub.add_parser("sync", help=sync_help, description=sync_help)
     s.add_argument("--ablations", default="ablations", help="the specs folder (default: ablations)")
@@ -756,7 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with project_root(args, argv):  # study/root.py: the folder with params.yaml, as git/DVC find theirs
             _check_folders(args)
-            return args.fn(args)
+            with threads_from_args(args):
+                return args.fn(args)
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from study.cpu import add_threads_option, threads_from_args
 from study.errors import EXIT_USAGE, StudyError
 from study.paths import Layout
 from study.search.storage import STORAGE_HELP
@@ -70,6 +71,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--timeout", type=float, help="seconds this worker runs at most (default: search.timeout)")
     s.add_argument("--quiet", action="store_true", help="no progress bars or per-trial log")
+    add_threads_option(s)
     s.set_defaults(fn=cmd_search)
     b_help = "write the best trial as a spec that `study run` re-trains (warns when it did not learn)"
     b = sub.add_parser("search-best", help=b_help, description=b_help)
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     add_parser(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)
     try:
-        return args.fn(args)
+        with threads_from_args(args):
+            return args.fn(args)
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
