@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.mlm_loss
 	$(BIN)/python -m bench.search
+	$(BIN)/python -m bench.contention
 
 # DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs, and
 # `dvc repro --dry` in a fresh clone with every shipped study and profile selected (docs/RESULTS.md)

@@ -90,7 +90,7 @@ def train_ours(cfg, layout) -> dict:
     hist = [json.loads(h) for h in (run_dir / "history.jsonl").read_text().splitlines()]
     return {
         "tokens_per_s": m["tokens_per_s"],
-        "loss": [h["loss"] for h in hist if "loss" in h][-1],
+        "loss": next((h["loss"] for h in reversed(hist) if "loss" in h), None),
         "mfu": m["mfu"],
         "steps": m["steps"],
         "tokens": m["tokens_seen"],
@@ -237,3 +237,16 @@ def tiny(cfg, work: Path):
     d["train"].update(batch_size=4, eval_sequences=8, short_fraction=0.0)
     d["finetune"]["max_length"] = 32
     return with_fingerprint(RunConfig.model_validate(d))
+
+
+def repeat_args(doc: str, dry_help: str):
+    """The data benches' options: --repeat (best of), --max-seq-len, and --dry (which also means one repeat)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-seq-len", type=int, default=128)
+    ap.add_argument("--dry", action="store_true", help=dry_help)
+    args = ap.parse_args()
+    args.repeat = 1 if args.dry else args.repeat
+    return args

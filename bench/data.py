@@ -20,7 +20,6 @@ Last line, exactly: `data tokenize_tokens_per_s=<cache, best setting> instances_
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -28,20 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import SHARED, single_threaded, timed
+from bench.common import SHARED, repeat_args, single_threaded, timed
 
 single_threaded()
 WIKI = SHARED / "wikitext-2-raw"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--max-seq-len", type=int, default=128)
-    ap.add_argument("--dry", action="store_true", help="12 embedded documents, small vocab, one repeat")
-    args = ap.parse_args()
-    if args.dry:
-        args.repeat = 1
+    args = repeat_args(__doc__, "12 embedded documents, small vocab, one repeat")
 
     import numpy as np
 

@@ -16,7 +16,6 @@ Last line, exactly: `instances doc_sentences=<tok/s> full_sentences=<tok/s> segm
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import SHARED, single_threaded, timed
+from bench.common import SHARED, repeat_args, single_threaded, timed
 
 single_threaded()
 GUTENBERG = SHARED / "gutenberg"
@@ -97,13 +96,7 @@ def masking_ms(split, special, cont, repeat: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--max-seq-len", type=int, default=128)
-    ap.add_argument("--dry", action="store_true", help="two books, one repeat")
-    args = ap.parse_args()
-    if args.dry:
-        args.repeat = 1
+    args = repeat_args(__doc__, "two books, one repeat")
     if not GUTENBERG.exists():
         print(
             f"Gutenberg texts not found at {GUTENBERG} (see ../shared/data/PROVENANCE.md): nothing measured"
