@@ -12,7 +12,7 @@ waits for a thread that the scheduler has parked behind the spinner: the run col
 thread's speed. A passive thread sleeps instead and gives the core back.
 
 Without --threads or impl.threads a command that computes now uses the cores it finds free when it starts
-(the idle share of /proc/stat over a quarter second, at least 1 thread): on 2 cores with one competitor
+(the idle share of /proc/stat over half a second, at least 1 thread): on 2 cores with one competitor
 that is 1 thread, the better setting there; idle, all cores as before. The choice is per command (a run
 keeps the count it started with; --jobs workers take their cores/N share as before), and only a speed
 setting, like impl.threads: a different count reorders float sums, so runs agree to rounding; pin
@@ -63,7 +63,7 @@ def threads_default() -> int | None:
     return int(value) if value else None
 
 
-def free_cores(window_s: float = 0.25) -> float | None:
+def free_cores(window_s: float = 0.5) -> float | None:
     """Cores idle right now: the idle share of all CPU time over `window_s` seconds (/proc/stat, Linux)
     times the machine's cores; None where there is no /proc/stat. Instantaneous, unlike the load average,
     which lags a minute behind a competitor that just started."""

@@ -138,6 +138,11 @@ def test_gpu_check_script_dry(tmp_path):
     assert bad.returncode == 2 and "DRY=1 runs tests and speed only" in bad.stderr
 
 
+def test_stats_coverage():
+    """Its output is Markdown tables (docs/STATISTICS.md); the last row is the power row."""
+    assert run_bench("stats_coverage").startswith("| power at b - a = 1.5 SD, equal SDs | 3 |")
+
+
 def test_every_bench_module_has_a_dry_test():
     """A new bench module gets a --dry test here (or this fails)."""
     modules = {p.stem for p in (REPO / "bench").glob("*.py")} - {"__init__", "common"}
