@@ -38,6 +38,8 @@ from study.errors import StudyError
 
 THREADS_ENV = "STUDY_THREADS"  # --threads N: above impl.threads
 FREE_ENV = "STUDY_FREE_THREADS"  # the command's default from the free cores: below impl.threads
+COMMAND_ENV = "STUDY_COMMAND_PID"  # the process of the command: it alone prints the load warning
+_WARNED: list[bool] = []  # once per process
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +114,15 @@ def load_warning(n_cores: int | None = None, load: float | None = None) -> str |
     )
 
 
+def warn_if_busy() -> None:
+    """The load warning, printed once, by the command's own process (not its --jobs workers), when it
+    starts computing (study.runtime.threads calls this)."""
+    if not _WARNED and os.environ.get(COMMAND_ENV) == str(os.getpid()):
+        _WARNED.append(True)
+        if warning := load_warning():
+            print(warning, file=sys.stderr)
+
+
 @contextlib.contextmanager
 def threads_from_args(args: argparse.Namespace) -> Iterator[None]:
     """For a command that has --threads: command_threads(args.threads); other commands: nothing."""
@@ -127,12 +138,11 @@ def command_threads(n: int | None) -> Iterator[None]:
     """The thread settings of one command that computes, for its duration (the caller's environment
     restored after, so an in-process caller keeps its own): --threads `n` when given; else the default
     from the cores found free now (at least 1), which impl.threads and the --jobs share still override;
-    and the load warning."""
+    and the load warning once it computes (warn_if_busy: an error before that stays one line)."""
     if n is not None and n < 1:
         raise StudyError(f"must be at least 1, got {n}", field="--threads", allowed="a positive integer")
-    if warning := load_warning():
-        print(warning, file=sys.stderr)
-    old = {k: os.environ.get(k) for k in (THREADS_ENV, FREE_ENV)}
+    old = {k: os.environ.get(k) for k in (THREADS_ENV, FREE_ENV, COMMAND_ENV)}
+    os.environ[COMMAND_ENV] = str(os.getpid())
     if n is not None:
         os.environ[THREADS_ENV] = str(n)
     elif (free := free_cores()) is not None:

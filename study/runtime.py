@@ -39,7 +39,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from study.config import ImplConfig
-from study.cpu import threads_default, threads_override
+from study.cpu import threads_default, threads_override, warn_if_busy
 from study.errors import StudyError
 
 
@@ -189,6 +189,7 @@ def threads(n: int | None) -> Iterator[None]:
     """torch's intra-op thread count set to `n` for the block (None: leave it), the caller's restored. The
     command's --threads (study/cpu.py) wins over `n`, and without either the command's default from the
     cores it found free (outside a command: torch's own): every job computes through here."""
+    warn_if_busy()
     old = torch.get_num_threads()
     n = threads_override() or n or threads_default()
     if n:

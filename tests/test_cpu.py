@@ -82,3 +82,16 @@ def test_default_threads_come_from_the_free_cores_below_impl_threads(monkeypatch
 def test_free_cores_reads_the_machine():
     free = cpu.free_cores(0.05)
     assert free is None or 0.0 <= free <= (os.cpu_count() or 1) + 1e-9
+
+
+def test_load_warning_prints_once_when_the_command_computes(monkeypatch, capsys):
+    monkeypatch.setattr(cpu, "load_warning", lambda: "study: load average 9.0 on 2 cores: busy")
+    monkeypatch.setattr(cpu, "_WARNED", [])
+    with command_threads(1):
+        assert capsys.readouterr().err == ""  # nothing yet: an error here would stay one line
+        with threads(None), threads(None):
+            pass
+    assert capsys.readouterr().err.count("load average 9.0") == 1
+    with threads(None):  # outside a command: no warning
+        pass
+    assert capsys.readouterr().err == ""
