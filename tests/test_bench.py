@@ -138,6 +138,15 @@ def test_gpu_check_script_dry(tmp_path):
     assert bad.returncode == 2 and "DRY=1 runs tests and speed only" in bad.stderr
 
 
+@pytest.mark.slow
+def test_blimp(tmp_path):
+    last = run_bench("blimp", "--results", str(tmp_path))
+    assert re.fullmatch(
+        rf"blimp pairs=(\d+) seconds=({NUM}) cpu_s=({NUM}) pairs_per_s=({NUM}) pretrain_s=({NUM}) fraction=({NUM})",
+        last,
+    ), last
+
+
 def test_stats_coverage():
     """Its output is Markdown tables (docs/STATISTICS.md); the last row is the power row."""
     assert run_bench("stats_coverage").startswith("| power at b - a = 1.5 SD, equal SDs | 3 |")
