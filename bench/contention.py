@@ -2,8 +2,8 @@
 idle and beside one competing CPU-bound process, in ONE run (issue 46).
 
 Settings, each trained in a fresh process (OpenMP reads its wait policy once, when torch loads it):
-  default   what a `study` command does now (study/cpu.py): OMP_WAIT_POLICY=PASSIVE (study/__init__.py) and
-            as many threads as it finds cores free when it starts
+  default   what a `study` command does now: OMP_WAIT_POLICY=PASSIVE (study/__init__.py) and torch's
+            threads (all cores), as before
   one       impl.threads 1
   today     the default before it: OpenMP's own wait policy (threads spin before they sleep; torch is
             imported before study, so the setting study makes comes too late) and torch's threads (all cores)

@@ -11,12 +11,12 @@ core while it waits for the others, so when a competitor has taken one of the co
 waits for a thread that the scheduler has parked behind the spinner: the run collapses to below one
 thread's speed. A passive thread sleeps instead and gives the core back.
 
-Without --threads or impl.threads a command that computes now uses the cores it finds free when it starts
-(the idle share of /proc/stat over half a second, at least 1 thread): on 2 cores with one competitor
-that is 1 thread, the better setting there; idle, all cores as before. The choice is per command (a run
-keeps the count it started with; --jobs workers take their cores/N share as before), and only a speed
-setting, like impl.threads: a different count reorders float sums, so runs agree to rounding; pin
-impl.threads or --threads for bitwise repeats across machines states.
+`--threads auto` asks for the cores found free when the command starts (the idle share of /proc/stat over
+half a second, at least 1 thread): on 2 cores with one competitor that is 1 thread. It is opt-in, not the
+default: a thread count that follows the machine's load would make the same command on the same machine
+give other bits from one day to the next (a different count reorders float sums), and the passive wait
+policy alone already keeps two threads at one thread's speed under contention (the numbers above). Without
+--threads: impl.threads, else the --jobs share (cores / N), else torch's own count, as before.
 
 --threads N sets torch's thread count for everything the command computes (training, fine-tuning, scoring,
 plan's step timing), above impl.threads and the --jobs share. It travels as the STUDY_THREADS variable so
@@ -45,11 +45,18 @@ _WARNED: list[bool] = []  # once per process
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads",
-        type=int,
-        metavar="N",
+        type=threads_arg,
+        metavar="N|auto",
         help="torch threads per process for this command (overrides impl.threads and the --jobs share; "
-        "speed only: run hashes unchanged). Default: impl.threads, else cores / --jobs",
+        "speed only: run hashes unchanged; 'auto': the cores found free at start). "
+        "Default: impl.threads, else cores / --jobs",
     )
+
+
+def threads_arg(value: str) -> int | str:
+    """--threads' value: a whole number or 'auto' (argparse refuses other text; command_threads refuses a
+    number below 1 as a StudyError naming the option)."""
+    return value if value == "auto" else int(value)
 
 
 def threads_override() -> int | None:
@@ -59,8 +66,8 @@ def threads_override() -> int | None:
 
 
 def threads_default() -> int | None:
-    """The command's default where neither --threads nor impl.threads says: the cores it found free when it
-    started (None outside a command: torch's own default stays)."""
+    """`--threads auto`: the cores the command found free when it started, below impl.threads (None
+    without it: the --jobs share or torch's own default stays)."""
     value = os.environ.get(FREE_ENV)
     return int(value) if value else None
 
@@ -134,18 +141,18 @@ def threads_from_args(args: argparse.Namespace) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def command_threads(n: int | None) -> Iterator[None]:
+def command_threads(n: int | str | None) -> Iterator[None]:
     """The thread settings of one command that computes, for its duration (the caller's environment
-    restored after, so an in-process caller keeps its own): --threads `n` when given; else the default
-    from the cores found free now (at least 1), which impl.threads and the --jobs share still override;
-    and the load warning once it computes (warn_if_busy: an error before that stays one line)."""
-    if n is not None and n < 1:
+    restored after, so an in-process caller keeps its own): --threads `n` when given; 'auto', the cores
+    found free now (at least 1), which impl.threads and the --jobs share still override; and the load
+    warning once it computes (warn_if_busy: an error before that stays one line)."""
+    if isinstance(n, int) and n < 1:
         raise StudyError(f"must be at least 1, got {n}", field="--threads", allowed="a positive integer")
     old = {k: os.environ.get(k) for k in (THREADS_ENV, FREE_ENV, COMMAND_ENV)}
     os.environ[COMMAND_ENV] = str(os.getpid())
-    if n is not None:
+    if isinstance(n, int):
         os.environ[THREADS_ENV] = str(n)
-    elif (free := free_cores()) is not None:
+    elif n == "auto" and (free := free_cores()) is not None:
         os.environ[FREE_ENV] = str(max(1, min(cores(), round(free))))
     try:
         yield

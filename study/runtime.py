@@ -187,8 +187,8 @@ def resolve_mlm_loss(choice: str, device: torch.device, dtype: torch.dtype | Non
 @contextlib.contextmanager
 def threads(n: int | None) -> Iterator[None]:
     """torch's intra-op thread count set to `n` for the block (None: leave it), the caller's restored. The
-    command's --threads (study/cpu.py) wins over `n`, and without either the command's default from the
-    cores it found free (outside a command: torch's own): every job computes through here."""
+    command's --threads (study/cpu.py) wins over `n`; `--threads auto` gives the cores found free where
+    `n` is None (else torch's own count): every job computes through here."""
     warn_if_busy()
     old = torch.get_num_threads()
     n = threads_override() or n or threads_default()

@@ -63,11 +63,13 @@ def test_load_warning_says_when_the_cores_are_busy():
     assert "\n" not in line
 
 
-def test_default_threads_come_from_the_free_cores_below_impl_threads(monkeypatch):
+def test_threads_auto_takes_the_free_cores_below_impl_threads_and_is_not_the_default(monkeypatch):
     monkeypatch.delenv(THREADS_ENV, raising=False)
     monkeypatch.delenv(FREE_ENV, raising=False)
     monkeypatch.setattr(cpu, "free_cores", lambda: 1.2)  # one core busy on 2
-    with command_threads(None):
+    with command_threads(None):  # the default does not follow the load: the same bits every day
+        assert FREE_ENV not in os.environ
+    with command_threads("auto"):
         assert os.environ[FREE_ENV] == "1"
         with threads(None):  # no impl.threads: the free cores
             assert torch.get_num_threads() == 1
@@ -75,7 +77,7 @@ def test_default_threads_come_from_the_free_cores_below_impl_threads(monkeypatch
             assert torch.get_num_threads() == 2
     assert FREE_ENV not in os.environ
     monkeypatch.setattr(cpu, "free_cores", lambda: 0.1)
-    with command_threads(None):
+    with command_threads("auto"):
         assert os.environ[FREE_ENV] == "1"  # at least one thread
 
 
