@@ -42,14 +42,15 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python bench/data.py
-	$(BIN)/python bench/instances.py
-	$(BIN)/python bench/throughput.py
-	$(BIN)/python bench/mlm_loss.py
-	$(BIN)/python bench/search.py
+	$(BIN)/python -m bench.data
+	$(BIN)/python -m bench.instances
+	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.mlm_loss
+	$(BIN)/python -m bench.search
+	$(BIN)/python -m bench.contention
 
 # DVC's no-op cost (`dvc status`, `dvc repro`) with 1, 10 and 50 selected studies of 20 runs, and
 # `dvc repro --dry` in a fresh clone with every shipped study and profile selected (docs/RESULTS.md)
 bench-dvc: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_scale.py
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python bench/dvc_scale.py --shipped
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.dvc_scale
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.dvc_scale --shipped

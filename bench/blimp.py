@@ -10,8 +10,8 @@ trained here (default 840 s: the ~14 min of an nsp cpu run that issue 45 measure
 Timings on a shared machine move with its load: the CPU seconds are printed beside the wall time (on an
 idle machine wall ~ CPU / threads), so a loaded machine shows as wall >> CPU / threads.
 
-    python bench/blimp.py [--spec ablations/nsp.yaml] [--profile cpu] [--pairs N] [--threads 2]
-    python bench/blimp.py --dry     # the smoke spec, 2 pairs per paradigm: checks the wiring in seconds
+    python -m bench.blimp [--spec ablations/nsp.yaml] [--profile cpu] [--pairs N] [--threads 2]
+    python -m bench.blimp --dry     # the smoke spec, 2 pairs per paradigm: checks the wiring in seconds
     --crosssent                      # also time cross-sentence scoring (zeroshot.crosssent_pairs)
 
 Last line, exactly: `blimp pairs=<n> seconds=<s> cpu_s=<c> pairs_per_s=<x> pretrain_s=<p> fraction=<f>`.
@@ -20,15 +20,10 @@ Last line, exactly: `blimp pairs=<n> seconds=<s> cpu_s=<c> pairs_per_s=<x> pretr
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO
 
 
 def main() -> None:

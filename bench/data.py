@@ -12,46 +12,29 @@ Instances: build_instances on the tokenized corpus for every objective format, e
 Throughputs are tokens of the corpus per second of wall time (CPU time in brackets);
 ratios are against `plain` measured in the same run. No thresholds.
 
-    .venv/bin/python bench/data.py [--repeat 3] [--max-seq-len 128]
+    python -m bench.data [--repeat 3] [--max-seq-len 128]
+    python -m bench.data --dry   # 12 documents of the embedded corpus, a 1,000-word vocab, one repeat
 
 Last line, exactly: `data tokenize_tokens_per_s=<cache, best setting> instances_tokens_per_s=<segment_pair+nsp>`.
 """
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench.common import SHARED, repeat_args, single_threaded, timed
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-WIKI = REPO.parent / "shared" / "data" / "wikitext-2-raw"
-
-
-def timed(fn, repeat: int):
-    """(result, best wall seconds, CPU seconds of that run)."""
-    best = None
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        w, c = time.perf_counter() - w0, time.process_time() - c0
-        if best is None or w < best[1]:
-            best = (out, w, c)
-    return best
+single_threaded()
+WIKI = SHARED / "wikitext-2-raw"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--max-seq-len", type=int, default=128)
-    args = ap.parse_args()
+    args = repeat_args(__doc__, "12 embedded documents, small vocab, one repeat")
 
     import numpy as np
 
@@ -63,9 +46,9 @@ def main() -> int:
     print(f"cpus available: {len(os.sched_getaffinity(0))}, load average: {os.getloadavg()[0]:.2f}")
     corpora: dict[str, list[list[str]]] = {}
     t0 = time.perf_counter()
-    corpora["embedded"] = list(read_embedded())
+    corpora["embedded"] = list(itertools.islice(read_embedded(), 12 if args.dry else None))
     print(f"read embedded: {len(corpora['embedded'])} docs in {time.perf_counter() - t0:.1f}s")
-    if WIKI.exists():
+    if WIKI.exists() and not args.dry:
         t0 = time.perf_counter()
         corpora["wikitext2-valid+test"] = [
             d for s in ("valid", "test") for d in read_wikitext(str(WIKI / f"wiki.{s}.raw"))
@@ -81,7 +64,7 @@ def main() -> int:
         t0 = time.perf_counter()
         tok = train_tokenizer(
             [d for docs in corpora.values() for d in docs],
-            TokenizerConfig(vocab_size=8192),
+            TokenizerConfig(vocab_size=1000 if args.dry else 8192),
             Path(tmp) / "tok",
         )
         print(f"trained WordPiece vocab {len(tok)} in {time.perf_counter() - t0:.1f}s")

@@ -22,8 +22,8 @@ Tokens are non-pad tokens on both sides. Each side is also clocked after its fir
 log windows after that step; the Trainer from a callback at that step, device synced); the last line
 uses these steady-state rates (a compiled step spends its first steps compiling). ratio = ours / baseline.
 
-    python bench/gpu.py [--steps 100] [--out bench/out/gpu] [--corpus KIND:PATH ...]
-    python bench/gpu.py --dry      # CPU, fp32, tiny shapes, a few steps, the embedded corpus: checks the
+    python -m bench.gpu [--steps 100] [--out bench/out/gpu] [--corpus KIND:PATH ...]
+    python -m bench.gpu --dry      # CPU, fp32, tiny shapes, a few steps, a synthetic corpus: checks the
                                    # code path anywhere
 
 Last line, exactly: `gpu ratio_base=<x> ratio_gpu=<y> mfu_base=<a> mfu_gpu=<b>` (mfu: ours).
@@ -36,16 +36,10 @@ import json
 import os
 import shutil
 import sys
-import tempfile
-import time
 from itertools import pairwise
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.common import REPO, SHARED, needs_accelerate, synthetic_corpus, timed, train_ours, trainer_baseline
 
 MODELS = {  # L/H/A/I
     "base": {"layers": 12, "hidden": 768, "heads": 12, "intermediate": 3072},
@@ -60,7 +54,7 @@ FT_BATCH = 32  # the recipe's batch (config default)
 
 
 def _corpus_default() -> list[str]:
-    for root in (REPO / ".gpudata", REPO.parent / "shared" / "data"):
+    for root in (REPO / ".gpudata", SHARED):
         # relative to the repository root where possible: the same source strings as bench/gpu_learn.yaml,
         # hence the same data_hash, so a data folder prepared for it (bench/gpu_check.sh --stage) is reused
         found = [
@@ -126,97 +120,6 @@ def steady_ours(history: list[dict], warm: int) -> float | None:
     return toks / secs if secs else None
 
 
-def baseline(cfg, prepared, steps: int, workers: int, device, warm: int = 0) -> dict:
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
-
-    from study.config import ImplConfig
-    from study.data.instances import build_instances
-    from study.model.bert import build_model
-    from study.pretrain.evaluate import device_sync
-
-    inst = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
-    feats = []
-    for i in range(len(inst)):
-        n = int(inst.lengths[i])
-        feats.append(
-            {
-                "input_ids": inst.input_ids[i, :n].tolist(),
-                "token_type_ids": inst.token_type_ids[i, :n].tolist(),
-                "attention_mask": [1] * n,
-                "next_sentence_label": int(inst.sentence_label[i]),
-            }
-        )
-    model = build_model(cfg.model, len(prepared.tokenizer), True, ImplConfig(attention="sdpa"), seed=cfg.seed)
-    tokens = []  # device tensors, summed once at the end (no sync per step)
-    model.register_forward_pre_hook(
-        lambda m, a, kw: tokens.append(kw["attention_mask"].sum()), with_kwargs=True
-    )
-    collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
-
-    class Clock(TrainerCallback):
-        t0 = t1 = tw = None
-        losses: list[float] = []
-
-        def on_train_begin(self, args, state, control, **kw):
-            device_sync(device)
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == warm:  # the steady-state clock starts after `warm` steps, as ours'
-                device_sync(device)
-                self.tw = time.perf_counter()
-
-        def on_train_end(self, args, state, control, **kw):
-            device_sync(device)
-            self.t1 = time.perf_counter()
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
-
-    clock, t, cuda = Clock(), cfg.train, device.type == "cuda"
-    with tempfile.TemporaryDirectory() as out:
-        targs = TrainingArguments(
-            output_dir=out,
-            per_device_train_batch_size=t.batch_size,
-            max_steps=steps,
-            learning_rate=t.lr,
-            warmup_steps=max(1, int(t.warmup * steps)),
-            lr_scheduler_type="linear",
-            weight_decay=t.weight_decay,
-            adam_beta1=t.beta1,
-            adam_beta2=t.beta2,
-            adam_epsilon=t.eps,
-            max_grad_norm=t.clip,
-            logging_steps=min(10, steps),
-            save_strategy="no",
-            report_to=[],
-            use_cpu=not cuda,
-            bf16=cuda,
-            optim="adamw_torch_fused",
-            dataloader_num_workers=workers,
-            disable_tqdm=True,
-            seed=cfg.seed,
-            remove_unused_columns=False,
-        )
-        Trainer(
-            model=model, args=targs, train_dataset=feats, data_collator=collator, callbacks=[clock]
-        ).train()
-    secs = clock.t1 - clock.t0
-    counts = [int(x.item()) for x in tokens[:steps]]  # one read of the device counters, after training
-    n_tokens, late = sum(counts), sum(counts[warm:])
-    steady = late / (clock.t1 - clock.tw) if clock.tw is not None and late else None
-    return {
-        "tokens_per_s": n_tokens / secs,
-        "steady_tokens_per_s": steady,
-        "warm_steps": warm,
-        "loss": clock.losses[-1] if clock.losses else None,
-        "steps": steps,
-        "tokens": n_tokens,
-        "seconds": secs,
-    }
-
-
 def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     """Steps/s of ours' fine-tuning: the batched-seeds step (K seeds) and the sequential per-seed step."""
     import numpy as np
@@ -242,19 +145,21 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     seeds, labels = list(ft.seeds), torch.from_numpy(rows.labels)
     per_seed = [epoch_batches(rows, ft, s, 0) for s in seeds]
 
-    def timed(fn) -> float:
+    def steps_per_s(fn) -> float:
         for b in range(warm):
             fn(b)
         device_sync(rt.device)
-        t0 = time.perf_counter()
-        for b in range(warm, warm + steps):
-            fn(b)
-        device_sync(rt.device)
-        return steps / (time.perf_counter() - t0)
+
+        def run() -> None:
+            for b in range(warm, warm + steps):
+                fn(b)
+            device_sync(rt.device)
+
+        return steps / timed(run).wall
 
     sb = SeedBatch(cfg, bert, 2, seeds, rt, total_steps=10**6, warmup=10)
     idx = lambda b: [batches[b] for batches in per_seed]
-    batched = timed(
+    batched = steps_per_s(
         lambda b: sb.step(
             b,
             collate_seeds(rows, idx(b), rt.device),
@@ -268,7 +173,7 @@ def finetune_speed(cfg, vocab: int, steps: int, warm: int) -> dict:
     ).to(rt.device)
     model.train()
     opt = finetune_optimizer(model, ft)
-    seq = timed(
+    seq = steps_per_s(
         lambda b: finetune_step(
             model,
             opt,
@@ -316,13 +221,10 @@ def main() -> int:
     ap.add_argument("--only", choices=sorted(MODELS), nargs="+", default=sorted(MODELS, reverse=True))
     ap.add_argument("--dry", action="store_true", help="CPU, fp32, tiny shapes, a few steps")
     args = ap.parse_args()
-    try:
-        import accelerate  # noqa: F401 - transformers.Trainer refuses to start without it
-    except ImportError:
-        print("the baseline uses transformers.Trainer, which needs `accelerate`", file=sys.stderr)
+    if why := needs_accelerate():
+        print(why, file=sys.stderr)
         return 2
     import torch
-    from throughput import ours
 
     from study.data.prepare import prepare_data
     from study.model.bert import model_flops_per_token
@@ -330,7 +232,9 @@ def main() -> int:
     from study.pretrain.evaluate import matmul_peak_flops
 
     args.impl = dict(kv.split("=", 1) for kv in args.impl)  # pydantic parses "true", "max", "2"
-    args.corpus = args.corpus or (["embedded"] if args.dry else _corpus_default())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.corpus = args.corpus or ([synthetic_corpus(out / "corpus", 200)] if args.dry else _corpus_default())
     if args.dry:
         args.device, args.precision, args.vocab, args.seq, args.batch = "cpu", "fp32", 2048, 64, 8
         args.steps, args.ft_steps, models, n, dtype, warm = (
@@ -348,8 +252,6 @@ def main() -> int:
             return 2
         args.device, args.precision, args.vocab, args.seq, args.batch = "cuda", "bf16", 30522, 128, 256
         models, n, dtype, warm = MODELS, 8192, torch.bfloat16, 5
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     res: dict = {"args": {k: v for k, v in vars(args).items()}, "parts": {}}
 
     def save(part: str, value) -> None:
@@ -385,10 +287,8 @@ def main() -> int:
             f"[{name}] {models[name]} vocab {vocab}, seq {args.seq}, batch {args.batch}, {args.steps} steps",
             flush=True,
         )
-        o = ours(cfg, layout)
-        hist = [
-            json.loads(x) for x in (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
-        ]
+        o = train_ours(cfg, layout)
+        hist = o.pop("history")
         o["steady_tokens_per_s"], o["warm_steps"] = steady_ours(hist, args.warm), args.warm
         o["mfu_vs_peak"] = fpt * o["tokens_per_s"] / peak
         o["steady_mfu_vs_peak"] = fpt * o["steady_tokens_per_s"] / peak if o["steady_tokens_per_s"] else None
@@ -401,7 +301,16 @@ def main() -> int:
             flush=True,
         )
         torch.cuda.empty_cache() if device.type == "cuda" else None
-        b = baseline(cfg, prepared, args.steps, args.workers, device, args.warm)
+        b = trainer_baseline(
+            cfg,
+            prepared,
+            args.steps,
+            device=device,
+            bf16=device.type == "cuda",
+            workers=args.workers,
+            warm=args.warm,
+            log_every=10,
+        )
         b["mfu_vs_peak"] = fpt * b["tokens_per_s"] / peak
         b["steady_mfu_vs_peak"] = fpt * b["steady_tokens_per_s"] / peak if b["steady_tokens_per_s"] else None
         save(f"{name}/baseline", b)

@@ -7,8 +7,8 @@
 #   learn  bench/gpu_learn.yaml: its two arms' learning curves, trained side by side on the one GPU
 #          (`study curve`, evals every 250 steps), then SST-2 fine-tuning of both and of random init,
 #          aggregate and report (-> learn.tgz)
-#   speed  bench/gpu.py (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu/gpu.json),
-#          `study plan ablations/nsp.yaml --profile gpu` (-> log.txt), then bench/gpu.py again with ours
+#   speed  python -m bench.gpu (ours against transformers.Trainer, BERT-base and the gpu profile's model; -> gpu/gpu.json),
+#          `study plan ablations/nsp.yaml --profile gpu` (-> log.txt), then bench.gpu again with ours
 #          at impl.compile + pad_to max (-> gpu_compiled/gpu.json)
 #   pooling  learn's two runs fine-tuned on SST-2 again with the head on the mean of the last layer
 #          (bench/gpu_learn_mean.yaml; the cpu recipe's choice), beside learn's [CLS] scores (-> pooling.tgz).
@@ -18,6 +18,9 @@
 # A lent machine runs one command for at most 10 minutes: DEADLINE (seconds, default 540) caps the script,
 # each part's timeout shrinking to what is left (a part with under 10 s left is skipped and says so). Run
 # `tests learn` in one call and `pooling speed` in a second on the same warm machine (docs/RESULTS.md "GPU").
+# DRY=1 checks the script on a CPU machine (tests/test_bench.py runs `DRY=1 bash bench/gpu_check.sh tests speed`):
+# no staging or nvidia-smi needed; `speed` runs `bench.gpu --dry` (tiny shapes) and `study plan --no-time`, and
+# leaves out the compiled run; learn and pooling (3,000-step runs) refuse to run dry.
 #
 # Staging, on a machine that has ../shared/data (the GPU machine prepares nothing: sentence splitting is
 # CPU-bound, minutes there): `bash bench/gpu_check.sh --stage` copies the text the check reads into
@@ -44,12 +47,14 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 OUT=${OUT:-gpu_out}
+DRY=${DRY:-0}
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 STUDY_GPU_REPORT=$OUT/cuda_tests.jsonl
-[ -d .gpudata ] || { [ -f .gpucarry/data.tgz ] && tar xzf .gpucarry/data.tgz; } || { echo "no .gpudata: stage first"; exit 1; }
 for p in ${*:-all}; do
   case $p in tests|learn|pooling|speed|all) ;; *) echo "unknown part '$p': tests, learn, pooling, speed or all" >&2; exit 2 ;; esac
+  case $DRY$p in 1learn|1pooling|1all) echo "DRY=1 runs tests and speed only ('$p' trains for minutes)" >&2; exit 2 ;; esac
 done
+[ "$DRY" = 1 ] || [ -d .gpudata ] || { [ -f .gpucarry/data.tgz ] && tar xzf .gpucarry/data.tgz; } || { echo "no .gpudata: stage first"; exit 1; }
 # the pinned packages, where the image's own differ (installed into /tmp/site, never into the system)
 pinned() { python3 -c 'import sys, transformers, pydantic, pysbd, accelerate; sys.exit(transformers.__version__ != "5.24.0")' 2>/dev/null; }
 if [ -d .gpucarry/whl ] && [ ! -d /tmp/site ] && ! pinned; then
@@ -72,7 +77,7 @@ tmo() {
 }
 
 step machine
-{ tmo 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+{ [ "$DRY" = 1 ] || tmo 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   tmo 60 python3 -c "import torch, transformers, tokenizers, pydantic; print('python', __import__('sys').version.split()[0],
 'torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__,
 'tokenizers', tokenizers.__version__, 'pydantic', pydantic.__version__)"; } 2>&1 | log
@@ -123,13 +128,18 @@ pooling() {
 }
 
 speed() {
-  step "bench/gpu.py"
-  tmo "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu" --results $R 2>&1 | grep -v Warning | log
+  local dry=() res=$R
+  [ "$DRY" = 1 ] && dry=(--dry) && res=$OUT/results
+  step "bench.gpu ${dry[*]}"
+  tmo "${T_BENCH:-240}" python3 -m bench.gpu "${dry[@]}" --steps 100 --out "$OUT/gpu" --results "$res" 2>&1 \
+    | grep -v Warning | log
   step "study plan ablations/nsp.yaml --profile gpu"
-  tmo 60 python3 -m study --results "$OUT/plan_results" plan ablations/nsp.yaml --profile gpu 2>&1 | log
+  tmo 60 python3 -m study --results "$OUT/plan_results" plan ablations/nsp.yaml --profile gpu \
+    $([ "$DRY" = 1 ] && echo --no-time) 2>&1 | log
   rm -rf "$OUT/plan_results"
-  step "bench/gpu.py, ours with static shapes and torch.compile"
-  tmo "${T_BENCH:-240}" python3 bench/gpu.py --steps 100 --out "$OUT/gpu_compiled" --results $R \
+  [ "$DRY" = 1 ] && { echo "DRY: the compiled run left out" | log; return 0; }
+  step "bench.gpu, ours with static shapes and torch.compile"
+  tmo "${T_BENCH:-240}" python3 -m bench.gpu --steps 100 --out "$OUT/gpu_compiled" --results $R \
     --impl compile=true pad_to=max 2>&1 | grep -v Warning | log
 }
 

@@ -6,7 +6,8 @@ batches built and masked on a thread while the device computes), SDPA attention,
 `study plan`'s step time for the same config (study.studies.cost), to show what the plan leaves out. Ratios are
 tokens/s against the default measured in the same run; the losses show the variants train the same.
 
-    python bench/impl_speed.py [--spec bench/gpu_smoke.yaml] [--results .gpudata/results] [--steps 150]
+    python -m bench.impl_speed [--spec bench/gpu_smoke.yaml] [--results .gpudata/results] [--steps 150]
+    python -m bench.impl_speed --dry   # the smoke spec's first run shrunk (bench.common.tiny), 3 steps
 
 Last line, exactly: `impl_speed workers1=<x> sdpa=<y> workers1_sdpa=<z> plan_step_ratio=<measured/plan>`.
 """
@@ -14,16 +15,11 @@ Last line, exactly: `impl_speed workers1=<x> sdpa=<y> workers1_sdpa=<z> plan_ste
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO, tiny
 
 VARIANTS = {
     "default": {},
@@ -44,10 +40,18 @@ def variant(cfg, steps: int, impl: dict):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--spec", default="bench/gpu_smoke.yaml")
+    ap.add_argument("--spec", default=str(REPO / "bench/gpu_smoke.yaml"))
     ap.add_argument("--results", default=".gpudata/results", help="where the spec's data is (or goes)")
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--dry", action="store_true", help="the smoke spec's first run shrunk, 3 steps")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.dry:
+            args.spec, args.results, args.steps = str(REPO / "ablations/smoke.yaml"), tmp, min(args.steps, 3)
+        measure(args, Path(tmp) if args.dry else None)
+
+
+def measure(args, dry: Path | None) -> None:
 
     from study.data.prepare import prepare_data
     from study.paths import Layout
@@ -56,6 +60,8 @@ def main() -> None:
     from study.studies.spec import load_study
 
     base = load_study(args.spec).runs[0].config
+    if dry:
+        base = tiny(base, dry)
     prepared = prepare_data(base, Layout(root=Path(args.results)), progress=False)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,14 +8,14 @@ paragraphs). For each format, build_instances over the whole split (epoch 0) is 
 the best run's tokens per second of CPU time (the machine may be shared) and of wall time are printed,
 with the ratio against doc_sentences measured in the same run.
 
-    .venv/bin/python bench/instances.py [--repeat 3] [--max-seq-len 128]
+    python -m bench.instances [--repeat 3] [--max-seq-len 128]
+    python -m bench.instances --dry   # two books, one repeat
 
 Last line, exactly: `instances doc_sentences=<tok/s> full_sentences=<tok/s> segment_pair=<tok/s>` (CPU time).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -23,13 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench.common import SHARED, repeat_args, single_threaded, timed
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
+single_threaded()
+GUTENBERG = SHARED / "gutenberg"
 BOOKS = [
     "pg11.txt",
     "pg35.txt",
@@ -50,14 +47,14 @@ _SENT = re.compile(r"(?<=[.!?])[\"'’”)]*\s+(?=[\"'“‘(]?[A-Z])")
 FORMATS = [("doc_sentences", "none"), ("full_sentences", "none"), ("segment_pair", "nsp")]
 
 
-def corpus(work: Path):
+def corpus(work: Path, books: list[str]):
     """(split, special ids, continuation mask): tests/conftest.py's `real` fixture, built the same way."""
     from study.config import TokenizerConfig
     from study.data.readers import read_utf8, strip_gutenberg
     from study.data.tokenizer import continuation_mask, special_ids, tokenize_docs, train_tokenizer
 
     docs = []
-    for b in BOOKS:
+    for b in books:
         body = strip_gutenberg(read_utf8(GUTENBERG / b))
         paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", body) if p.strip()]
         for k in range(0, len(paras), 40):
@@ -99,10 +96,7 @@ def masking_ms(split, special, cont, repeat: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--max-seq-len", type=int, default=128)
-    args = ap.parse_args()
+    args = repeat_args(__doc__, "two books, one repeat")
     if not GUTENBERG.exists():
         print(
             f"Gutenberg texts not found at {GUTENBERG} (see ../shared/data/PROVENANCE.md): nothing measured"
@@ -115,7 +109,7 @@ def main() -> int:
     print(f"cpus available: {len(os.sched_getaffinity(0))}, load average: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        split, special, cont = corpus(Path(tmp))
+        split, special, cont = corpus(Path(tmp), BOOKS[:2] if args.dry else BOOKS)
         print(
             f"corpus: {split.n_tokens:,} tokens, tokenizer trained and text tokenized in {time.perf_counter() - t0:.1f}s"
         )
@@ -126,14 +120,10 @@ def main() -> int:
     rates = {}
     for fmt, sent in FORMATS:
         obj = ObjectiveConfig(format=fmt, sentence=sent, max_seq_len=args.max_seq_len)
-        best = None
-        for _ in range(args.repeat):
-            w0, c0 = time.perf_counter(), time.process_time()
-            inst = build_instances(split, obj, special, seed=0, epoch=0)
-            w, c = time.perf_counter() - w0, time.process_time() - c0
-            if best is None or c < best[1]:
-                best = (w, c, len(inst))
-        wall, cpu, rows = best
+        inst, wall, cpu = timed(
+            lambda obj=obj: build_instances(split, obj, special, seed=0, epoch=0), args.repeat, best="cpu"
+        )
+        rows = len(inst)
         rates[fmt] = split.n_tokens / max(cpu, 1e-9)
         ratio = rates[fmt] / rates["doc_sentences"]
         print(

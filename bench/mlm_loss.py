@@ -7,7 +7,8 @@ synthetic full-length batches with the run's masking rate) is timed with `impl.m
 over chunked's, measured in the same process; both are fp32. That the two give the same loss is a test
 (tests/test_model.py, tests/test_train.py), not this script's business.
 
-    python bench/mlm_loss.py [--spec ablations/mask_rate.yaml] [--profile cpu] [--steps 8] [--threads 1]
+    python -m bench.mlm_loss [--spec ablations/mask_rate.yaml] [--profile cpu] [--steps 8] [--threads 1]
+    python -m bench.mlm_loss --dry   # the smoke spec's one rate, 2 steps, one round
 
 Last line, exactly: `mlm_loss ratio_<rate>=<torch/chunked> ...` for each rate, e.g. ratio_0.15=1.21.
 """
@@ -15,13 +16,8 @@ Last line, exactly: `mlm_loss ratio_<rate>=<torch/chunked> ...` for each rate, e
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO
 
 
 def main() -> None:
@@ -31,7 +27,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2, help="torch/chunked alternations per rate")
+    ap.add_argument("--dry", action="store_true", help="the smoke spec, 2 steps, one round")
     args = ap.parse_args()
+    if args.dry:
+        args.spec, args.profile, args.steps, args.rounds = str(REPO / "ablations/smoke.yaml"), None, 2, 1
 
     from study.studies.cost import time_pretrain_step
     from study.studies.spec import load_study

@@ -8,7 +8,8 @@ Objective for both: the fixed-reference MLM loss (ref_mlm_loss, lower is better)
 Tokens: grid = sum of metrics.json tokens_seen; search = sum of the tokens each trial trained
 (pruned trials stop at their last eval; a repeated config reuses its run and trains nothing).
 
-    .venv/bin/python bench/search.py [--steps 200] [--trials 8] [--work DIR]
+    python -m bench.search [--steps 200] [--trials 8] [--work DIR]
+    python -m bench.search --dry   # 8 steps a run, 3 trials, the synthetic corpus: checks the code path
 
 Last line, exactly: `search tokens_ratio=<search tokens / grid tokens> best_bucket_match=<yes|no>`.
 Corpus: WikiText-2 valid (../shared/data) when present, else a synthetic corpus (stated in the output).
@@ -20,45 +21,18 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench.common import SHARED, single_threaded, synthetic_corpus
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-WIKI = REPO.parent / "shared" / "data" / "wikitext-2-raw" / "wiki.valid.raw"
+single_threaded()
+WIKI = SHARED / "wikitext-2-raw" / "wiki.valid.raw"
 GRID = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5]
 
 
-def synthetic_corpus(folder: Path) -> str:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    subj = "the cat|the dog|a bird|my friend|the teacher|a child|the farmer|our neighbor".split("|")
-    verb = "sees|likes|finds|takes|wants|brings|makes|holds".split("|")
-    obj = "a red ball|the old book|some fresh bread|a small box|the green apple|a long letter".split("|")
-    adv = "today|again|quickly|at home|in the park|after lunch|every day|with care".split("|")
-    docs = []
-    for _ in range(1500):
-        sents = []
-        for _ in range(int(rng.integers(3, 8))):
-            i = int(rng.integers(len(subj)))
-            sents.append(
-                f"{subj[i].capitalize()} {verb[(i + int(rng.integers(2))) % 8]} "
-                f"{obj[int(rng.integers(len(obj)))]} {adv[i]}."
-            )
-        docs.append(" ".join(sents))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "synthetic.txt").write_text("\n\n".join(docs) + "\n")
-    return f"text:{folder}"
-
-
-def write_spec(path: Path, source: str, steps: int, trials: int) -> Path:
+def write_spec(path: Path, source: str, steps: int, trials: int, dry: bool = False) -> Path:
     import yaml
 
     eval_every = max(1, steps // 10)
@@ -70,12 +44,15 @@ def write_spec(path: Path, source: str, steps: int, trials: int) -> Path:
             "tokenizer": {"vocab_size": 2048},
             "objective": {"format": "doc_sentences", "sentence": "none", "max_seq_len": 64},
             "model": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 256, "max_positions": 64},
+            # fine-tuning is never run here (the objective is a pre-training metric), but the spec must
+            # validate: finetune.max_length defaults to 128, more positions than this model has
+            "finetune": {"max_length": 64},
             "train": {
                 "budget": "steps",
                 "amount": steps,
                 "batch_size": 16,
                 "lr": 2e-3,
-                "eval_sequences": 128,
+                "eval_sequences": 16 if dry else 128,
             },
             "impl": {
                 "eval_every": eval_every,
@@ -106,7 +83,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--work", type=Path, help="working folder (default: a temp folder, removed)")
+    ap.add_argument("--dry", action="store_true", help="8 steps a run, 3 trials, the synthetic corpus")
     args = ap.parse_args()
+    if args.dry:
+        args.steps, args.trials = min(args.steps, 8), min(args.trials, 3)
     import torch
 
     torch.set_num_threads(1)
@@ -120,9 +100,13 @@ def main() -> None:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-search-"))
     work.mkdir(parents=True, exist_ok=True)
-    source = f"wikitext:{WIKI}" if WIKI.exists() else synthetic_corpus(work / "corpus")
+    source = (
+        f"wikitext:{WIKI}"
+        if WIKI.exists() and not args.dry
+        else synthetic_corpus(work / "corpus", 300 if args.dry else 1500)
+    )
     print(f"corpus: {source}  steps/run: {args.steps}  search trials: {args.trials}  grid: {GRID}")
-    spec = write_spec(work / "bench.yaml", source, args.steps, args.trials)
+    spec = write_spec(work / "bench.yaml", source, args.steps, args.trials, args.dry)
     study = load_study(spec)
     grid_l, search_l = Layout(root=work / "grid"), Layout(root=work / "search")
     prepare_data(study.runs[0].config, grid_l, progress=False)

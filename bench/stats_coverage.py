@@ -7,7 +7,8 @@ and b (row 1) being 0. An interval covers when it holds 0. The seed effect cance
 so only the noise SDs matter. Power rows: equal SDs, b - a = 1.5 level SDs (the paired differences' SD is
 sqrt 2 level SDs), the share of intervals that exclude 0.
 
-    python bench/stats_coverage.py [--reps 20000] [--seed 2026] [--grid]
+    python -m bench.stats_coverage [--reps 20000] [--seed 2026] [--grid]
+    python -m bench.stats_coverage --dry   # 200 replicates, k 2 and 3, n 3: checks the code path
 
 Prints Markdown tables (docs/STATISTICS.md, "Pooled level + seed model", holds their output at the default
 arguments). --grid also prints, for candidate pass bands of the variance check, the worst coverage over
@@ -18,15 +19,11 @@ tests/test_stats.py runs `coverage` with fewer replicates.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from study.report import pooled as P  # noqa: E402  (after the repo is put on the path)
-from study.report import stats as S  # noqa: E402
+from study.report import pooled as P
+from study.report import stats as S
 
 KS, NS = (2, 3, 4, 6), (3, 5)
 SEED_SD = 2.0
@@ -121,11 +118,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20_000)
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--dry", action="store_true", help="200 replicates, k 2 and 3, n 3")
     args = ap.parse_args()
+    ks, ns = ((2, 3), (3,)) if args.dry else (KS, NS)
+    args.reps = min(args.reps, 200) if args.dry else args.reps
     print(
         f"nominal 95%, {args.reps:,} replicates per cell, numpy seed {args.seed}, POOL_CHECK {P.POOL_CHECK}"
     )
-    print(table(coverage(args.reps, args.seed)))
+    print(table(coverage(args.reps, args.seed, ks, ns), ks, ns))
     if args.grid:
         print()
         print(grid(args.reps, args.seed))

@@ -19,7 +19,8 @@ baseline with `TrainingArguments(bf16=True)`): ours in bf16 against the baseline
 trainer with what the CPU's bf16 units do. Ours is also shown in the other precision and with torch's
 dropout kernel, as context, not in the headline.
 
-    .venv/bin/python bench/throughput.py [--steps 30] [--threads N] [--precision fp32|bf16]
+    python -m bench.throughput [--steps 30] [--threads N] [--precision fp32|bf16]
+    python -m bench.throughput --dry   # tiny models, 3 steps, a synthetic corpus: checks the code path
 
 Last line, exactly: `throughput same_precision ratio_a=<x> ratio_b=<y> mfu_b=<z>` (ratio = ours /
 baseline tokens/s at the same precision; mfu_b = ours on config b: the baseline's FLOPs per token x ours'
@@ -29,22 +30,19 @@ tokens/s / that precision's peak, measured once in this run, the same numbers th
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import REPO, SHARED, needs_accelerate, synthetic_corpus, train_ours, trainer_baseline
 
 CONFIGS = {  # the two sizes the issue names: L/H/A/I
     "a": {"layers": 2, "hidden": 128, "heads": 2, "intermediate": 512},
     "b": {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 1024},
+}
+DRY_CONFIGS = {
+    "a": {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64},
+    "b": {"layers": 2, "hidden": 32, "heads": 2, "intermediate": 64},
 }
 
 
@@ -54,137 +52,41 @@ CONFIGS = {  # the two sizes the issue names: L/H/A/I
 ATTENTION = {"auto": "eager", "fp32": "eager", "bf16": "sdpa"}
 
 
-def run_config(
-    name: str, steps: int, threads: int, corpus: Path, precision: str = "auto", dropout_masks: str = "auto"
-):
+def run_config(name: str, args, precision: str = "auto", dropout_masks: str = "auto"):
     from study.config import RunConfig
 
+    dry = args.dry
     return RunConfig.model_validate(
         {
-            "corpus": {"sources": [{"kind": "wikitext", "path": str(corpus)}]},
-            "tokenizer": {"vocab_size": 8192},
-            "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": 128},
-            "model": {**CONFIGS[name], "max_positions": 128},
-            "train": {"budget": "steps", "amount": steps, "batch_size": 32, "eval_sequences": 64},
+            "corpus": {"sources": [args.corpus if dry else {"kind": "wikitext", "path": str(args.corpus)}]},
+            "tokenizer": {"vocab_size": 512 if dry else 8192},
+            "objective": {"format": "segment_pair", "sentence": "nsp", "max_seq_len": args.seq},
+            "model": {**(DRY_CONFIGS if dry else CONFIGS)[name], "max_positions": args.seq},
+            "finetune": {"max_length": args.seq},  # never fine-tuned here; valid against max_positions
+            "train": {
+                "budget": "steps",
+                "amount": args.steps,
+                "batch_size": 4 if dry else 32,
+                "eval_sequences": 8 if dry else 64,
+            },
             "impl": {
-                "threads": threads,
+                "threads": args.threads,
                 "precision": precision,
                 "attention": ATTENTION[precision],
                 "dropout_masks": dropout_masks,
                 "progress": False,
-                "log_every": 5,
+                "log_every": 1 if dry else 5,
                 "checkpoint_every": 100000,
             },
         }
     )
 
 
-def ours(cfg, layout) -> dict:
-    from study.pretrain.trainer import train_run
-
-    shutil.rmtree(layout.run_dir(cfg.run_hash()), ignore_errors=True)  # train now, not a cached result
-    m = train_run(cfg, layout, quiet=True)
-    hist = (layout.run_dir(cfg.run_hash()) / "history.jsonl").read_text().splitlines()
-    losses = [json.loads(h)["loss"] for h in hist if "loss" in json.loads(h)]
-    return {
-        "tokens_per_s": m["tokens_per_s"],
-        "loss": losses[-1],
-        "mfu": m["mfu"],
-        "steps": m["steps"],
-        "tokens": m["tokens_seen"],
-        "seconds": m["time_s"],
-    }
-
-
-def baseline(cfg, prepared, steps: int, precision: str) -> dict:
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
-
-    from study.config import ImplConfig
-    from study.data.instances import build_instances
-    from study.model.bert import build_model
-
-    inst = build_instances(prepared.split("train"), cfg.objective, prepared.special, cfg.seed, epoch=0)
-    feats = []
-    for i in range(len(inst)):
-        n = int(inst.lengths[i])
-        feats.append(
-            {
-                "input_ids": inst.input_ids[i, :n].tolist(),
-                "token_type_ids": inst.token_type_ids[i, :n].tolist(),
-                "attention_mask": [1] * n,
-                "next_sentence_label": int(inst.sentence_label[i]),
-            }
-        )
-    # stock model, transformers' default attention kernel, the same initial weights as ours
-    model = build_model(cfg.model, len(prepared.tokenizer), True, ImplConfig(attention="sdpa"), seed=cfg.seed)
-    collator = DataCollatorForLanguageModeling(prepared.tokenizer, mlm_probability=0.15, seed=cfg.seed)
-    seen: list[int] = []
-
-    def collate(features):
-        batch = collator(features)
-        seen.append(int(batch["attention_mask"].sum()))
-        return batch
-
-    class Clock(TrainerCallback):
-        def __init__(self):
-            self.t0 = self.t1 = None
-            self.losses: list[float] = []
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_train_end(self, args, state, control, **kw):
-            self.t1 = time.perf_counter()
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
-
-    clock = Clock()
-    t = cfg.train
-    with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(
-            output_dir=out,
-            per_device_train_batch_size=t.batch_size,
-            max_steps=steps,
-            learning_rate=t.lr,
-            warmup_steps=t.warmup,
-            lr_scheduler_type="linear",
-            weight_decay=t.weight_decay,
-            adam_beta1=t.beta1,
-            adam_beta2=t.beta2,
-            adam_epsilon=t.eps,
-            max_grad_norm=t.clip,
-            logging_steps=5,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            dataloader_num_workers=0,
-            bf16=precision == "bf16",
-            disable_tqdm=True,
-            seed=cfg.seed,
-            remove_unused_columns=False,
-        )
-        trainer = Trainer(
-            model=model, args=args, train_dataset=feats, data_collator=collate, callbacks=[clock]
-        )
-        trainer.train()
-    secs = clock.t1 - clock.t0
-    tokens = sum(seen[:steps])
-    return {
-        "tokens_per_s": tokens / secs,
-        "loss": clock.losses[-1],
-        "steps": steps,
-        "tokens": tokens,
-        "seconds": secs,
-    }
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--corpus", default=str(REPO.parent / "shared" / "data" / "wikitext-2-raw"))
+    ap.add_argument("--corpus", default=str(SHARED / "wikitext-2-raw"))
     ap.add_argument("--out", default=str(REPO / "bench" / "out" / "throughput"))
     ap.add_argument(
         "--precision",
@@ -192,16 +94,14 @@ def main() -> int:
         default="fp32",
         help="the precision of BOTH sides of the headline ratio",
     )
+    ap.add_argument("--dry", action="store_true", help="tiny models, 3 steps, a synthetic corpus")
     args = ap.parse_args()
-    try:
-        import accelerate  # noqa: F401 - transformers.Trainer refuses to start without it
-    except ImportError:
-        print(
-            "the baseline uses transformers.Trainer, which needs `accelerate` "
-            "(pip install accelerate==1.16.0)",
-            file=sys.stderr,
-        )
+    if why := needs_accelerate():
+        print(why, file=sys.stderr)
         return 2
+    args.seq = 64 if args.dry else 128
+    if args.dry:
+        args.steps, args.corpus = min(args.steps, 3), synthetic_corpus(Path(args.out) / "corpus", 200)
 
     import torch
 
@@ -218,9 +118,7 @@ def main() -> int:
     print(
         f"threads {args.threads}; {args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, measured now)"
     )
-    prepared = prepare_data(
-        run_config("a", args.steps, args.threads, Path(args.corpus)), layout, progress=False
-    )
+    prepared = prepare_data(run_config("a", args), layout, progress=False)
     print(f"data: vocab {len(prepared.tokenizer)}, train tokens {prepared.split('train').n_tokens:,}")
     native_bf16 = bool(cpu_has_bf16())
     print(f"native bf16 on this CPU: {native_bf16}; headline: ours and the baseline both in {args.precision}")
@@ -236,16 +134,13 @@ def main() -> int:
         # (bernoulli_) to show what impl.dropout_masks="bits" (the CPU default) buys
         for prec in contexts:
             p, _, masks = prec.partition("+")
-            ours_by[prec] = ours(
-                run_config(
-                    name, args.steps, args.threads, Path(args.corpus), p, "torch" if masks else "auto"
-                ),
-                layout,
-            )
+            ours_by[prec] = train_ours(run_config(name, args, p, "torch" if masks else "auto"), layout)
             torch.set_num_threads(args.threads)
-        cfg = run_config(name, args.steps, args.threads, Path(args.corpus))
-        b = baseline(cfg, prepared, args.steps, args.precision)
-        fpt = model_flops_per_token(cfg.model, 128, len(prepared.tokenizer), 0.15 * 128, sparse=True)
+        cfg = run_config(name, args)
+        b = trainer_baseline(cfg, prepared, args.steps, bf16=args.precision == "bf16")
+        fpt = model_flops_per_token(
+            cfg.model, args.seq, len(prepared.tokenizer), 0.15 * args.seq, sparse=True
+        )
         b["mfu"] = fpt * b["tokens_per_s"] / peak
         # the headline MFU of ours on the same FLOPs per token and the same peak as the baseline's (the
         # trainer's own `mfu` measures its peak again and counts the positions it computed)
@@ -254,7 +149,7 @@ def main() -> int:
         for prec, o in ours_by.items():
             same = prec == args.precision
             print(
-                f"config {name} {CONFIGS[name]} ours {prec}: {o['tokens_per_s']:,.0f} tok/s "
+                f"config {name} {cfg.model.layers}L/{cfg.model.hidden}H ours {prec}: {o['tokens_per_s']:,.0f} tok/s "
                 f"(loss@{o['steps']} {o['loss']:.3f}, mfu vs its own precision's peak {o['mfu']:.3f}), "
                 f"ratio {o['tokens_per_s'] / b['tokens_per_s']:.2f}"
                 + ("  <- headline" if same else "  (not the same precision)"),

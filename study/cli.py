@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from study import parallel
+from study.cpu import add_threads_option, threads_from_args
 from study.errors import EXIT_DIVERGED, StudyError, run_main
 from study.makecli import add_parser as add_make_parser
 from study.paths import SAFE_NAME_ALLOWED, Layout, check_folders, safe_name
@@ -283,6 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub)
     _add_training(sub)
     _add_results(sub)
+    for name in (
+        "plan",
+        "pretrain",
+        "finetune",
+        "run",
+        "curve",
+        "rescore",
+    ):  # every command that trains or scores
+        add_threads_option(sub.choices[name])
     add_search_parser(sub)  # `study search`, `study search-best`
     add_make_parser(sub)  # `study new`, `export`, `sync`, `select`, `deselect`
     return p
@@ -312,9 +322,10 @@ def _add_plan(sub) -> None:
     plan.add_argument("--no-time", action="store_true", help="skip timing a few steps of each model")
     plan.add_argument(
         "--jobs",
-        default="1",
+        default="auto",
         help="estimate for `--jobs N|auto`: each run timed with cores/N "
-        "threads, the wall time scheduled over N workers",
+        "threads, the wall time scheduled over N workers (default auto, as the DVC stages run them; "
+        "give the --jobs you will give `study run`)",
     )
     plan.add_argument(
         "--detect",
@@ -401,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         with project_root(args, argv):  # study/root.py: the folder with params.yaml, as git/DVC find theirs
             check_folders({"--results": args.results, "--reports": args.reports})
-            return args.fn(args)
+            with threads_from_args(args):
+                return args.fn(args)
 
     return run_main(body)

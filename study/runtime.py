@@ -11,7 +11,8 @@ here, so a plan times what a run will do and a fine-tune runs where its pre-trai
 - resolve_precision() / autocast_factory(): auto is bf16 autocast on CUDA when the GPU supports it,
   plain fp32 elsewhere (CPU bf16 autocast is slower than fp32 on most CPUs; MPS bf16 is unproven).
 - resolve_mlm_loss(): impl.mlm_loss; auto is the chunked MLM loss on a CPU in fp32 (study/model/xent.py).
-- threads(n): torch's intra-op thread count for the duration of a block (impl.threads), restored after.
+- threads(n): torch's intra-op thread count for the duration of a block (impl.threads, or the command's
+  --threads above it, or without either the command's free cores: study/cpu.py), restored after.
 - compute_init(impl): all of the above for one job, and the process group under torchrun.
 - param_groups(): AdamW groups with one rule, no weight decay on any parameter with fewer than two
   dimensions (biases, LayerNorm gains and shifts), as BERT's recipe. The trainer used to pick them by
@@ -38,6 +39,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from study.config import ImplConfig
+from study.cpu import threads_default, threads_override, warn_if_busy
 from study.errors import StudyError
 
 
@@ -184,8 +186,12 @@ def resolve_mlm_loss(choice: str, device: torch.device, dtype: torch.dtype | Non
 
 @contextlib.contextmanager
 def threads(n: int | None) -> Iterator[None]:
-    """torch's intra-op thread count set to `n` for the block (None: leave it), the caller's restored."""
+    """torch's intra-op thread count set to `n` for the block (None: leave it), the caller's restored. The
+    command's --threads (study/cpu.py) wins over `n`; `--threads auto` gives the cores found free where
+    `n` is None (else torch's own count): every job computes through here."""
+    warn_if_busy()
     old = torch.get_num_threads()
+    n = threads_override() or n or threads_default()
     if n:
         torch.set_num_threads(n)
     try:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from study.config import RunConfig
+from study.cpu import THREADS_ENV
 from study.data.corpus import with_fingerprint
 from study.errors import EXIT_INTERRUPTED, Diverged, Interrupted, StudyError
 from study.paths import Layout
@@ -793,9 +794,11 @@ def test_sdpa_trains_like_eager_without_dropout(corpus, layout, monkeypatch):
         )
 
 
-def test_threads_do_not_change_the_loss_curve(corpus, layout):
+def test_threads_do_not_change_the_loss_curve(corpus, layout, monkeypatch):
     """impl.threads 1 vs 2: the same curve (the intra-op thread count only splits the work) and the run
-    really trained with that many threads (read inside the run, at its evaluations)."""
+    really trained with that many threads (read inside the run, at its evaluations). The command's
+    --threads (study/cpu.py's STUDY_THREADS) wins over impl.threads: impl.threads 2 under --threads 1
+    trains on 1 thread, bitwise the impl.threads 1 curve, with the same run hash."""
     curves, evals, seen = {}, {}, {}
     for n in (1, 2):
         cfg = make_cfg(corpus, train__amount=8, impl__threads=n, impl__eval_every=4)
@@ -815,6 +818,13 @@ def test_threads_do_not_change_the_loss_curve(corpus, layout):
     assert {k: evals[2][k] for k in ("steps", "tokens_seen", "masked_seen")} == {
         k: evals[1][k] for k in ("steps", "tokens_seen", "masked_seen")
     }
+    monkeypatch.setenv(THREADS_ENV, "1")
+    cfg = make_cfg(corpus, train__amount=8, impl__threads=2, impl__eval_every=4)
+    over: set[int] = set()
+    lay = layout("t2over1")
+    train_run(cfg, lay, quiet=True, on_eval=lambda step, tokens, ev: over.add(torch.get_num_threads()))
+    assert over == {1} and cfg.run_hash() == make_cfg(corpus, train__amount=8, impl__eval_every=4).run_hash()
+    np.testing.assert_array_equal(np.array(losses(lay.run_dir(cfg.run_hash()))), curves[1])
 
 
 def test_progress_bar_does_not_change_the_run(corpus, layout, capsys):

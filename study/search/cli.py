@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from study.cpu import add_threads_option, threads_from_args
 from study.errors import run_main
 from study.paths import Layout
 from study.search.storage import STORAGE_HELP
@@ -71,6 +72,7 @@ def add_parser(sub) -> None:
     )
     s.add_argument("--timeout", type=float, help="seconds this worker runs at most (default: search.timeout)")
     s.add_argument("--quiet", action="store_true", help="no progress bars or per-trial log")
+    add_threads_option(s)
     s.set_defaults(fn=cmd_search)
     b_help = "write the best trial as a spec that `study run` re-trains (warns when it did not learn)"
     b = sub.add_parser("search-best", help=b_help, description=b_help)
@@ -88,4 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reports", default="reports")
     add_parser(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)
-    return run_main(lambda: args.fn(args))
+
+    def body() -> int:
+        with threads_from_args(args):
+            return args.fn(args)
+
+    return run_main(body)

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from study.config import RunConfig
+from study.cpu import cores, load_average
 from study.downstream.tasks import HUB, HUB_ROWS, load_task
 from study.errors import StudyError
 from study.labels import IGNORE
@@ -171,18 +172,20 @@ def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
 
     t, m = cfg.train, cfg.model
     rt = resolve(cfg.impl)
-    # a gpu-profile model on a CPU takes minutes here: say what is being timed
-    print(
-        f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x "
-        f"{cfg.objective.max_seq_len} on {rt.device}",
-        file=sys.stderr,
-        flush=True,
-    )
     # the dropout masks draw from torch's global generator: planning leaves the caller's state alone
     with (
         threads(cfg.impl.threads),
         torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []),
     ):
+        # a gpu-profile model on a CPU takes minutes here: say what is being timed, on how many threads
+        # (the --jobs share, --threads) and under what load (a busy machine times slower steps)
+        print(
+            f"plan: timing {n} steps of L{m.layers}/H{m.hidden} at batch {t.batch_size} x "
+            f"{cfg.objective.max_seq_len} on {rt.device}, threads {torch.get_num_threads()}, load average "
+            f"{'unknown' if (la := load_average()) is None else f'{la:.1f}'} on {cores()} cores",
+            file=sys.stderr,
+            flush=True,
+        )
         model, _ = build_training_model(cfg, cfg.tokenizer.vocab_size, rt.device)
         opt, fused = make_optimizer(cfg, model, rt.device)
         module, parts = LossModule(model, cfg.impl.sparse_head, chunked=rt.chunked_mlm), _synthetic_parts(cfg)

@@ -33,6 +33,7 @@ ROOT_CODE = [
         "__init__",
         "cli",
         "config",
+        "cpu",
         "errors",
         "export",
         "faults",
