@@ -810,7 +810,7 @@ MESSAGES = {  # (spec text, what the message must say)
         [
             "report.primary_metrc:",
             "did you mean 'report.primary_metric'",
-            "allowed: kind, primary_metric, x, hue, compare, references",
+            "allowed: kind, primary_metric, primary_why, x, hue, compare, references",
         ],
     ),
     "search_key": (

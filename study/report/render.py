@@ -111,12 +111,26 @@ def _comparison_rows(sf: StudyFiles) -> list[dict]:
             "primary": str(r.primary) == "True",
             "mde": fmt_diff(r.mde, r.metric).lstrip("+"),
             "interpretation": r.interpretation,
+            "sees": _fmt_sees(getattr(r, "sees_pretraining", None)),
+            "model": r.model if isinstance(getattr(r, "model", None), str) else "–",
         }
         for r in c.itertuples()
     ]
 
 
 STATS_COLS = ("ci_level", "p_adjusted", "correction", "primary", "mde")
+
+
+def _fmt_sees(v: Any) -> str:
+    """comparisons.csv's sees_pretraining (True/False, or empty where not judged) as the table shows it."""
+    return {"True": "yes", "False": "no"}.get(str(v), "not judged")
+
+
+def _primary_note(sf: StudyFiles) -> str:
+    """The rule's verdict on the primary metric (sees.py's sentence) and the spec's own reason for it."""
+    check = sf.study.get("primary_sees_pretraining") or {}
+    why = (sf.plan.get("primary_why") or "").strip()
+    return " ".join(x for x in (check.get("sentence", ""), f"Chosen because: {why}" if why else "") if x)
 
 
 def _fmt_p(p: Any) -> str:
@@ -231,6 +245,7 @@ def render_report(
             answer=answer,
             warning=warning,
             methods=methods_sentence(sf),
+            primary_note=_primary_note(sf),
             recipe=recipe_sentence(sf.plan, sf.study.get("eval_rows")),
             factor_keys=sf.factor_keys,
             summary=_summary_rows(sf),

@@ -21,6 +21,9 @@ from study.studies.searchspec import SearchSpec
 class ReportHints(Strict):
     kind: Literal["nsp", "mask_rate", "replacement", "depth", "generic"] = "generic"
     primary_metric: str = "ref_ppl"
+    # why this metric answers the question at this scale, stated before the runs; the report prints it
+    # beside the "sees pre-training" check (study/report/sees.py)
+    primary_why: str = ""
     x: str | None = None
     hue: str | None = None
     compare: dict[str, Any] | None = None  # {factor, baseline, treatment}: study/studies/hints.py
@@ -115,6 +118,7 @@ class Study:
             "question": self.spec.question,
             "kind": r.kind,
             "primary_metric": r.primary_metric,
+            "primary_why": r.primary_why,
             "x": r.x,
             "hue": r.hue,
             "compare": r.compare,
