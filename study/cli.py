@@ -21,6 +21,7 @@ from study.errors import (
     Interrupted,
     StudyError,
 )
+from study.executors import Steps, add_executor_options, add_status_parser
 from study.paths import SAFE_NAME_ALLOWED, Layout, safe_name
 from study.root import project_root
 from study.rundir import RunDir
@@ -677,6 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
             "each with cores/N threads (speed only: the run hashes are unchanged; default 1); auto: "
             "one per core when the runs train on the CPU, 1 on an accelerator (the DVC stages' choice)",
         )
+        add_executor_options(sp, Steps(pretrain_one, main, cmd_aggregate, cmd_report))  # --executor slurm
+    add_status_parser(sub)
     c = spec_cmd(
         "curve",
         cmd_curve,

@@ -68,7 +68,8 @@ from study.data.instances import build_instances
 from study.data.prepare import prepare_data
 from study.data.tokenizer import save_beside_model
 from study.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_USAGE, Diverged, Interrupted, StudyError
-from study.io import atomic_dir, file_lock, read_json
+from study.io import atomic_dir, read_json
+from study.lease import lease, train_lease_path
 from study.metrics import finite
 from study.model.bert import model_flops_per_token
 from study.paths import Layout
@@ -223,7 +224,7 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
     with compute_init(cfg.impl, dist) as rt:
         # one trainer per run across processes (a second `study run` waits here, then finds the run done)
         lock = (
-            file_lock(layout.root / ".locks" / f"train-{run_hash}.lock")
+            lease(train_lease_path(layout, run_hash))  # holds across hosts (study/lease.py), flock may not
             if dist.main
             else contextlib.nullcontext(True)
         )
