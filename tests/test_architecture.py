@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "study"
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-STAGES = {"studies", "data", "model", "pretrain", "downstream", "zeroshot", "search", "report"}
+STAGES = {"studies", "data", "model", "pretrain", "downstream", "zeroshot", "search", "report", "executors"}
 # What each stage may import besides the root modules (ARCHITECTURE.md, "Dependencies point down the
 # pipeline only"): studies and search know the stages, report knows none (it re-renders without torch).
 MAY_IMPORT = {
@@ -23,6 +23,7 @@ MAY_IMPORT = {
     "report": set(),
     "studies": STAGES,
     "search": STAGES,
+    "executors": STAGES,  # submits and watches any stage's work
 }
 
 

@@ -56,6 +56,8 @@ def _slurm_up() -> str | None:
     return None
 
 
+if os.environ.get("STUDY_REQUIRE_SLURM") and _slurm_up() is not None:  # CI (.ci/run): never a silent skip
+    raise RuntimeError(f"STUDY_REQUIRE_SLURM is set but {_slurm_up()}")
 needs_slurm = pytest.mark.skipif(_slurm_up() is not None, reason=_slurm_up() or "")
 
 
@@ -79,7 +81,7 @@ def project(tmp_path: Path) -> Path:
         (tmp_path / "glue" / "SST-2").mkdir(parents=True, exist_ok=True)
         (tmp_path / "glue" / "SST-2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     (tmp_path / "par.yaml").write_text(SPEC.format(name="par", amount=8))
-    (tmp_path / "long.yaml").write_text(SPEC.format(name="long", amount=400))
+    (tmp_path / "long.yaml").write_text(SPEC.format(name="long", amount=1200))
     return tmp_path
 
 
@@ -132,6 +134,18 @@ def _wait_for(pred, timeout: float = 240, what: str = "") -> None:
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.5)
+
+
+def _run_dir(project: Path, spec: str, label: str) -> tuple[str, Path]:
+    from study.studies.spec import load_study
+
+    (run,) = [r for r in load_study(project / spec).runs if r.label == label]
+    return run.run_hash, project / "results" / "runs" / run.run_hash
+
+
+def _requeued(project: Path) -> bool:
+    logs = (project / "results" / "slurm" / "logs").rglob("*_log.err")
+    return any("requeueing Slurm job" in p.read_text(errors="replace") for p in logs)
 
 
 def _step(run: Path) -> int:
@@ -246,7 +260,7 @@ def test_scancel_kill_mid_run_then_resubmit_resumes_equal(project: Path):
     out = study(
         project, "pretrain", "long.yaml", "--run", "objective.sentence=none", "--executor", "slurm"
     ).stdout
-    ((h, run),) = _runs(project / "results").items()
+    h, run = _run_dir(project, "long.yaml", "objective.sentence=none")
     job = json.loads((run / "slurm.json").read_text())["job"]
     assert job in out or job.split("_")[0] in out
     _wait_for(
@@ -291,28 +305,39 @@ def test_scancel_kill_mid_run_then_resubmit_resumes_equal(project: Path):
 @needs_slurm
 @pytest.mark.slow
 def test_short_time_limit_warns_checkpoints_requeues_and_ends_equal(project: Path):
+    # 1 minute, warned (USR2) 55 s before it: Slurm's timer sends it 5-35 s into each session (it checks
+    # limits every ~30 s). Once a warned session has checkpointed and requeued, the test lifts the limit,
+    # so the resumed session can finish whatever the machine's speed (a loaded machine would otherwise
+    # spend each short session starting up).
+    h, run = _run_dir(project, "long.yaml", "objective.sentence=nsp")
+    argv = ["pretrain", "long.yaml", "--run", "objective.sentence=nsp", "--executor", "slurm", "--wait"]
+    argv += ["--time", "1", "--slurm-opt", "signal=USR2@55", "--quiet"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "study", *argv],
+        cwd=project,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def warned() -> bool:
+        events = (run / "events.jsonl").read_text() if (run / "events.jsonl").exists() else ""
+        return (
+            '"interrupted"' in events and json.loads((run / "slurm.json").read_text()).get("job") is not None
+        )
+
+    _wait_for(warned, timeout=400, what="a time-limit warning during training")
+    job = json.loads((run / "slurm.json").read_text())["job"]
+    _wait_for(lambda: _requeued(project), timeout=120, what="the requeue")
+    subprocess.run(["scontrol", "update", f"jobid={job}", "TimeLimit=30"], check=True)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
     ref = project / "ref"
     study(
         project, "--results", str(ref), "pretrain", "long.yaml", "--run", "objective.sentence=nsp", "--quiet"
     )
-    # 1 minute, warned (USR2) 45 s before it: Slurm's timer sends it 15-45 s into each session
-    study(
-        project,
-        "pretrain",
-        "long.yaml",
-        "--run",
-        "objective.sentence=nsp",
-        "--executor",
-        "slurm",
-        "--time",
-        "1",
-        "--slurm-opt",
-        "signal=USR2@45",
-        "--wait",
-        "--quiet",
-        timeout=900,
-    )
-    ((h, run),) = _runs(project / "results").items()
+    h, run = _run_dir(project, "long.yaml", "objective.sentence=nsp")
     log = "".join(p.read_text() for p in (project / "results" / "slurm" / "logs").rglob("*_log.err"))
     assert "requeueing Slurm job" in log, log[-2000:]
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]

@@ -158,101 +158,115 @@ def _with_threads(cfg, opts: SlurmOptions):
     return out
 
 
+def _plan_pretrain(runs, layout, opts, steps, alive, queued, busy) -> tuple[list, list]:
+    """(calls, runs) of the runs to pretrain: not done or diverged, not running, not queued."""
+    calls, units = [], []
+    for run in runs:
+        state = run_state(layout, run.run_hash, alive)
+        if state.name in ("done", "diverged"):
+            continue
+        if state.name == "running" or ("pretrain", run.run_hash) in queued:
+            busy.append(f"{run.run_hash} {state.describe()}")
+            continue
+        cfg = _with_threads(run.config, opts)
+        fn, fargs = (
+            (pretrain_torchrun, (cfg, layout, opts.gpus_per_run, True, run.label))
+            if opts.gpus_per_run > 1
+            else (steps.pretrain_one, (cfg, layout, True, run.label))
+        )
+        calls.append((fn, fargs, str(record_path(RunDir(layout, run.run_hash).path))))
+        units.append(run)
+    return calls, units
+
+
+def _plan_finetune(args, study, runs, layout, steps, alive, queued, chained, busy) -> dict[str, list]:
+    """Fine-tune calls grouped by what they wait for: "after" (aftercorr on this command's pretrain
+    array, in its order), a job id of an earlier submission (afterok), or "free" (nothing)."""
+    base = ["--results", str(layout.root), "--reports", str(layout.reports), "finetune"]
+    base += [str(Path(args.spec).resolve()), "--quiet"] + (
+        ["--profile", args.profile] if args.profile else []
+    )
+    groups: dict[str, list] = {"after": [], "free": []}
+    for run in runs:
+        unit, h = ("finetune", run.run_hash), run.run_hash
+        call = ((steps.main, (base + ["--run", h],), None), unit)
+        if unit in queued:
+            busy.append(f"{h} fine-tuning queued as {queued[unit]}")
+        elif h in chained:
+            groups["after"].append(call)
+        elif ("pretrain", h) in queued:
+            groups.setdefault(queued[("pretrain", h)], []).append(call)
+        elif run_state(layout, h, alive).name == "running":
+            busy.append(f"{h} fine-tuning: its run trains elsewhere; submit again once it is done")
+        else:
+            groups["free"].append(call)
+    if not getattr(args, "run", None):
+        for key in sorted({r.config.baseline_key() for r in study.runs if r.config.finetune.baseline}):
+            if ("baseline", key) in queued:
+                busy.append(f"baseline {key} queued as {queued[('baseline', key)]}")
+            else:
+                groups["free"].append(((steps.main, (base + ["--baseline", key],), None), ("baseline", key)))
+    order = list(chained)  # aftercorr pairs task i with pretrain task i
+    groups["after"].sort(key=lambda c: order.index(c[1][1]))
+    return groups
+
+
+def _record(layout: Layout, args, tasks: list[dict]) -> None:
+    """results/slurm/submissions/<first job>.json: what this command submitted so far (rewritten after each
+    array, so a later sbatch that fails leaves the earlier arrays recorded, and resubmitting skips them)."""
+    first = tasks[0]["job"].split("_")[0]
+    atomic_write_json(
+        layout.root / "slurm" / "submissions" / f"{first}.json",
+        {"spec": str(args.spec), "profile": args.profile, "command": args.command, "tasks": tasks},
+    )
+
+
 def submit(args, opts: SlurmOptions, steps: Steps) -> int:
     """The whole submission (module doc): checks, data here, the arrays, a record; --wait finishes."""
     study = load_study(args.spec, profile=args.profile)
     layout = Layout(root=Path(args.results).resolve(), reports=Path(args.reports).resolve())
     runs = study.select(getattr(args, "run", None))
     check_environment(layout.root)
-    kind = args.command
-    if kind in ("run", "pretrain"):
+    if args.command in ("run", "pretrain"):
         from study.data.prepare import prepare_data  # noqa: PLC0415 - torch-heavy, only when submitting
 
         for h, run in {r.config.data_hash(): r for r in runs}.items():
             print(f"data {h} ready at {prepare_data(run.config, layout, progress=not args.quiet).dir}")
     alive = alive_jobs()
-    queued = _submitted(layout, alive)
-    tasks: list[dict] = []
-    pre_calls, pre_units, busy = [], [], []
-    if kind in ("run", "pretrain"):
-        for run in runs:
-            state = run_state(layout, run.run_hash, alive)
-            if state.name in ("done", "diverged"):
-                continue
-            if state.name == "running" or ("pretrain", run.run_hash) in queued:
-                busy.append(f"{run.run_hash} {state.describe()}")
-                continue
-            cfg = _with_threads(run.config, opts)
-            fn, fargs = (
-                (pretrain_torchrun, (cfg, layout, opts.gpus_per_run, True, run.label))
-                if opts.gpus_per_run > 1
-                else (steps.pretrain_one, (cfg, layout, True, run.label))
-            )
-            rec = record_path(RunDir(layout, run.run_hash).path)
-            pre_calls.append((fn, fargs, str(rec)))
-            pre_units.append(run)
-    after, free = [], []
-    if kind in ("run", "finetune"):
-        base = [
-            "--results",
-            str(layout.root),
-            "--reports",
-            str(layout.reports),
-            "finetune",
-            str(Path(args.spec).resolve()),
-        ]
-        base += ["--profile", args.profile] if args.profile else []
-        base += ["--quiet"]
-        chained = {r.run_hash for r in pre_units}
-        for run in runs if kind == "run" else runs:
-            if ("finetune", run.run_hash) in queued:
-                busy.append(f"{run.run_hash} fine-tuning queued as {queued[('finetune', run.run_hash)]}")
-                continue
-            call = ((steps.main, (base + ["--run", run.run_hash],), None), ("finetune", run.run_hash))
-            (after if run.run_hash in chained else free).append(call)
-        if not getattr(args, "run", None):
-            keys = sorted({r.config.baseline_key() for r in study.runs if r.config.finetune.baseline})
-            for key in keys:
-                if ("baseline", key) in queued:
-                    busy.append(f"baseline {key} queued as {queued[('baseline', key)]}")
-                    continue
-                free.append(((steps.main, (base + ["--baseline", key],), None), ("baseline", key)))
-        # aftercorr pairs task i with pretrain task i: `after` must follow pre_units' order
-        after.sort(key=lambda c: [r.run_hash for r in pre_units].index(c[1][1]))
+    queued, busy = _submitted(layout, alive), []
+    calls, units = [], []
+    if args.command in ("run", "pretrain"):
+        calls, units = _plan_pretrain(runs, layout, opts, steps, alive, queued, busy)
+    groups = {}
+    if args.command in ("run", "finetune"):
+        chained = {r.run_hash: None for r in units}
+        groups = _plan_finetune(args, study, runs, layout, steps, alive, queued, chained, busy)
     for line in busy:
         print(f"skip {line}")
-    name = f"{study.name}" + (f"-{args.profile}" if args.profile else "")
-    pre_ids = _submit_array(layout, opts, f"pretrain-{name}", pre_calls)
-    dep = f"aftercorr:{pre_ids[0].split('_')[0]}" if pre_ids else None
-    ft_ids = _submit_array(layout, opts, f"finetune-{name}", [c for c, _ in after], dep)
-    free_ids = _submit_array(layout, opts, f"finetune-{name}", [c for c, _ in free])
-    for run, jid in zip(pre_units, pre_ids, strict=True):
+    name = study.name + (f"-{args.profile}" if args.profile else "")
+    tasks: list[dict] = []
+    ids = _submit_array(layout, opts, f"pretrain-{name}", calls)
+    for run, jid in zip(units, ids, strict=True):
         update_record(
             record_path(RunDir(layout, run.run_hash).path), job=jid, submitted=time.time(), started=None
         )
         tasks.append({"kind": "pretrain", "key": run.run_hash, "job": jid})
-    for (_, (k, key)), jid in zip(after + free, ft_ids + free_ids, strict=True):
-        tasks.append({"kind": k, "key": key, "job": jid})
-    if tasks:
-        first = tasks[0]["job"].split("_")[0]
-        atomic_write_json(
-            layout.root / "slurm" / "submissions" / f"{first}.json",
-            {
-                "spec": str(args.spec),
-                "profile": args.profile,
-                "command": kind,
-                "submitted": time.time(),
-                "tasks": tasks,
-            },
-        )
-    for label, ids in (("pretrain", pre_ids), ("fine-tune (after its run)", ft_ids), ("fine-tune", free_ids)):
-        if ids:
-            print(f"submitted {label}: array {ids[0].split('_')[0]} ({len(ids)} tasks)")
+    if ids:
+        _record(layout, args, tasks)
+        print(f"submitted pretrain: array {ids[0].split('_')[0]} ({len(ids)} tasks)")
+    for wait_on, group in groups.items():
+        dep = {"after": f"aftercorr:{ids[0].split('_')[0]}" if ids else None, "free": None}.get(wait_on)
+        dep = dep if wait_on in ("after", "free") else f"afterok:{wait_on}"
+        got = _submit_array(layout, opts, f"finetune-{name}", [c for c, _ in group], dep)
+        tasks += [{"kind": k, "key": key, "job": jid} for (_, (k, key)), jid in zip(group, got, strict=True)]
+        if got:
+            _record(layout, args, tasks)
+            print(
+                f"submitted fine-tune{' after ' + dep if dep else ''}: {got[0].split('_')[0]} ({len(got)} tasks)"
+            )
     if not tasks:
         print("nothing to submit: every run is done, queued or running (study status shows which)")
     if not opts.wait:
         print(f"watch: study status {args.spec}" + (f" --profile {args.profile}" if args.profile else ""))
         return 0
-    return wait_and_finish(
-        args, study, layout, [t["job"] for t in tasks] + [q for q in queued.values()], steps
-    )
+    return wait_and_finish(args, study, layout, [t["job"] for t in tasks] + list(queued.values()), steps)

@@ -52,6 +52,7 @@ def update_record(path: Path, **fields) -> None:
 
 def _requeue_and_exit() -> None:
     jid = job_id()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's own SIGTERM to the requeued step: we are leaving
     print(f"study: requeueing Slurm job {jid} after its time-limit warning", file=sys.stderr, flush=True)
     subprocess.run(["scontrol", "requeue", str(jid)], check=False, timeout=60)
     sys.exit(1)  # SystemExit: submitit writes no result, so the requeued task runs the submission again
