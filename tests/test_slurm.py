@@ -8,6 +8,7 @@ used. Tiny specs keep the file to a few minutes on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -139,7 +140,8 @@ def _wait_for(pred, timeout: float = 240, what: str = "") -> None:
 def _run_dir(project: Path, spec: str, label: str) -> tuple[str, Path]:
     from study.studies.spec import load_study
 
-    (run,) = [r for r in load_study(project / spec).runs if r.label == label]
+    with contextlib.chdir(project):  # the spec's corpus path is relative to the project
+        (run,) = [r for r in load_study(spec).runs if r.label == label]
     return run.run_hash, project / "results" / "runs" / run.run_hash
 
 
@@ -273,7 +275,9 @@ def test_scancel_kill_mid_run_then_resubmit_resumes_equal(project: Path):
     )
     status = study(project, "status", "long.yaml").stdout
     assert f"{h}  running, step " in status and "tokens/s" in status, status
-    subprocess.run(["scancel", "--signal=KILL", job], check=True)
+    # the job step, not the job: `scancel --signal=KILL JOB` cancels gracefully (SIGTERM, then KILL after
+    # KillWait); the step's processes get SIGKILL at once, as on a lost node or an OOM kill
+    subprocess.run(["scancel", "--signal=KILL", f"{job}.0"], check=True)
     _wait_for(
         lambda: (
             job
@@ -299,6 +303,7 @@ def test_scancel_kill_mid_run_then_resubmit_resumes_equal(project: Path):
     assert new != job and "took over from pid" in log.read_text(), proc.stderr  # the dead holder's lease
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     assert any(e.get("resumed") for e in events if e.get("event") == "start"), proc.stderr
+    assert not any(e.get("event") == "interrupted" for e in events)  # killed outright: no SIGTERM checkpoint
     assert _trained(run) == _trained(ref / "runs" / h)
 
 
@@ -351,7 +356,8 @@ def test_short_time_limit_warns_checkpoints_requeues_and_ends_equal(project: Pat
 def test_a_failing_task_is_reported_failed_while_the_other_finishes(project: Path):
     from study.studies.spec import load_study
 
-    victim = load_study(project / "par.yaml").runs[0].run_hash
+    with contextlib.chdir(project):
+        victim = load_study("par.yaml").runs[0].run_hash
     (project / "results" / "runs" / victim).mkdir(parents=True)
     (project / "results" / "runs" / victim / "checkpoints").write_text("a file where a folder must be\n")
     proc = study(project, "pretrain", "par.yaml", "--executor", "slurm", "--wait", "--quiet", check=False)

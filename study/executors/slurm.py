@@ -245,11 +245,13 @@ def submit(args, opts: SlurmOptions, steps: Steps) -> int:
         print(f"skip {line}")
     name = study.name + (f"-{args.profile}" if args.profile else "")
     tasks: list[dict] = []
+    for run in units:  # before sbatch: a task may start (and write its start) before sbatch returns
+        update_record(
+            record_path(RunDir(layout, run.run_hash).path), job=None, submitted=time.time(), started=None
+        )
     ids = _submit_array(layout, opts, f"pretrain-{name}", calls)
     for run, jid in zip(units, ids, strict=True):
-        update_record(
-            record_path(RunDir(layout, run.run_hash).path), job=jid, submitted=time.time(), started=None
-        )
+        update_record(record_path(RunDir(layout, run.run_hash).path), job=jid)
         tasks.append({"kind": "pretrain", "key": run.run_hash, "job": jid})
     if ids:
         _record(layout, args, tasks)
