@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from study.errors import StudyError
-from study.executors import slurm_options
-from study.executors.slurm import check_environment
+from study.executors import SlurmOptions, slurm_options
+from study.executors.slurm import check_environment, make_executor
 from study.lease import STALE_S, lease, read_holder
+from study.paths import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = """
@@ -394,3 +395,12 @@ def test_bad_partition_is_exit_2_with_slurms_message(project: Path):
     assert proc.returncode == 2, proc.stderr
     assert "invalid partition" in proc.stderr.lower(), proc.stderr
     assert not list((project / "results" / "slurm").glob("submissions/*.json"))
+
+
+def test_no_time_limit_is_the_partitions_not_submitits_5_minutes(tmp_path: Path):
+    pytest.importorskip("submitit")
+
+    ex = make_executor(Layout(root=tmp_path), SlurmOptions(), "x")
+    assert ex.parameters["time"] is None  # seen: smoke runs warned and requeued at 3 min
+    ex = make_executor(Layout(root=tmp_path), SlurmOptions(time="90", max_parallel=3), "x")
+    assert ex.parameters["additional_parameters"]["time"] == "90" and ex.parameters["array_parallelism"] == 3

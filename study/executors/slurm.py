@@ -95,7 +95,7 @@ def _minutes(time_limit: str | None) -> float | None:
     return (float(days) * 1440 if days else 0) + m[len(parts)](parts) if len(parts) <= 3 else None
 
 
-def _executor(layout: Layout, opts: SlurmOptions, name: str, dependency: str | None = None):
+def make_executor(layout: Layout, opts: SlurmOptions, name: str, dependency: str | None = None):
     import submitit  # noqa: PLC0415 - optional dependency (check_environment has checked it)
 
     ex = submitit.SlurmExecutor(
@@ -106,6 +106,7 @@ def _executor(layout: Layout, opts: SlurmOptions, name: str, dependency: str | N
     if dependency:
         extra.update(dependency=dependency, kill_on_invalid_dep="yes")
     params = {"job_name": name, "signal_delay_s": int(min(SIGNAL_S, limit * 20)) if limit else SIGNAL_S}
+    params["time"] = None  # submitit's default is 5 minutes; without --time the partition's limit applies
     for key, val in (("partition", opts.partition), ("cpus_per_task", opts.cpus_per_run), ("mem", opts.mem)):
         if val is not None:
             params[key] = val
@@ -121,7 +122,7 @@ def _submit_array(layout, opts, name, calls, dependency=None) -> list[str]:
     """One array of run_task(*call) tasks; their job ids (ARRAY_TASK). A refused sbatch is exit 2."""
     if not calls:
         return []
-    ex = _executor(layout, opts, name, dependency)
+    ex = make_executor(layout, opts, name, dependency)
     try:
         with ex.batch():
             jobs = [ex.submit(run_task, *call) for call in calls]
