@@ -82,6 +82,7 @@ def project(tmp_path: Path) -> Path:
         ]
         (tmp_path / "glue" / "SST-2").mkdir(parents=True, exist_ok=True)
         (tmp_path / "glue" / "SST-2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "params.yaml").write_text("studies: []\n")  # a project root (study/root.py)
     (tmp_path / "par.yaml").write_text(SPEC.format(name="par", amount=8))
     (tmp_path / "long.yaml").write_text(SPEC.format(name="long", amount=1200))
     return tmp_path

@@ -26,8 +26,9 @@ from pathlib import Path
 import yaml
 
 from study.errors import StudyError
+from study.root import find_root
 
-PARAMS = Path("params.yaml")
+PARAMS = "params.yaml"  # in the project root (study/root.py)
 OPTIONS = ("partition", "time", "gpus_per_run", "cpus_per_run", "mem", "max_parallel")
 DEFAULTS_HELP = "default from params.yaml's slurm: block, else Slurm's"
 
@@ -87,7 +88,8 @@ def dispatch(local: Callable, steps: Steps, args) -> int:
     return submit(args, slurm_options(args), steps)
 
 
-def _params_block(path: Path = PARAMS) -> dict:
+def _params_block(path: Path | None = None) -> dict:
+    path = path or (find_root(Path.cwd()) or Path.cwd()) / PARAMS
     if not path.is_file():
         return {}
     try:
@@ -110,7 +112,7 @@ def _checked(block: dict, where: str) -> dict:
     return block
 
 
-def slurm_options(args, params: Path = PARAMS) -> SlurmOptions:
+def slurm_options(args, params: Path | None = None) -> SlurmOptions:
     """params.yaml's slurm: block, its profile's overrides, then the command line (module doc)."""
     block = _params_block(params)
     profiles = block.pop("profiles", None) or {}
