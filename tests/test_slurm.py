@@ -85,6 +85,9 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / "params.yaml").write_text("studies: []\n")  # a project root (study/root.py)
     (tmp_path / "par.yaml").write_text(SPEC.format(name="par", amount=8))
     (tmp_path / "long.yaml").write_text(SPEC.format(name="long", amount=1200))
+    # long enough that a warning 5-35 s into the session lands in training on an idle machine too (1,200
+    # steps ended before it there)
+    (tmp_path / "limit.yaml").write_text(SPEC.format(name="limit", amount=6000))
     return tmp_path
 
 
@@ -316,8 +319,8 @@ def test_short_time_limit_warns_checkpoints_requeues_and_ends_equal(project: Pat
     # limits every ~30 s). Once a warned session has checkpointed and requeued, the test lifts the limit,
     # so the resumed session can finish whatever the machine's speed (a loaded machine would otherwise
     # spend each short session starting up).
-    h, run = _run_dir(project, "long.yaml", "objective.sentence=nsp")
-    argv = ["pretrain", "long.yaml", "--run", "objective.sentence=nsp", "--executor", "slurm", "--wait"]
+    h, run = _run_dir(project, "limit.yaml", "objective.sentence=nsp")
+    argv = ["pretrain", "limit.yaml", "--run", "objective.sentence=nsp", "--executor", "slurm", "--wait"]
     argv += ["--time", "1", "--slurm-opt", "signal=USR2@55", "--quiet"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "study", *argv],
@@ -342,9 +345,9 @@ def test_short_time_limit_warns_checkpoints_requeues_and_ends_equal(project: Pat
     assert proc.returncode == 0, err
     ref = project / "ref"
     study(
-        project, "--results", str(ref), "pretrain", "long.yaml", "--run", "objective.sentence=nsp", "--quiet"
+        project, "--results", str(ref), "pretrain", "limit.yaml", "--run", "objective.sentence=nsp", "--quiet"
     )
-    h, run = _run_dir(project, "long.yaml", "objective.sentence=nsp")
+    h, run = _run_dir(project, "limit.yaml", "objective.sentence=nsp")
     log = "".join(p.read_text() for p in (project / "results" / "slurm" / "logs").rglob("*_log.err"))
     assert "requeueing Slurm job" in log, log[-2000:]
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
