@@ -15,6 +15,7 @@ from pathlib import Path
 from study import parallel
 from study.cpu import add_threads_option, threads_from_args
 from study.errors import EXIT_DIVERGED, StudyError, run_main
+from study.executors import Steps, add_executor_options, add_status_parser
 from study.makecli import add_parser as add_make_parser
 from study.paths import SAFE_NAME_ALLOWED, Layout, check_folders, safe_name
 from study.root import project_root
@@ -380,6 +381,8 @@ def _add_training(sub) -> None:
             "each with cores/N threads (speed only: the run hashes are unchanged; default 1); auto: "
             "one per core when the runs train on the CPU, 1 on an accelerator (the DVC stages' choice)",
         )
+        add_executor_options(sp, Steps(pretrain_one, main, cmd_aggregate, cmd_report))  # --executor slurm
+    add_status_parser(sub)
 
 
 def _add_results(sub) -> None:

@@ -110,6 +110,11 @@ class Layout:
         check-then-train (run-<hash>)."""
         return self.root / ".locks" / f"{name}.lock"
 
+    def lease_file(self, name: str) -> Path:
+        """results/.locks/<name>.lease: the lease (study/lease.py) that holds across hosts, where flock may
+        not: a run's training (train-<hash>) and a trial's check-then-train (run-<hash>)."""
+        return self.root / ".locks" / f"{name}.lease"
+
     @classmethod
     def of_study_dir(cls, study_dir: Path) -> Layout:
         """The results layout a study folder (results/studies/<name>) belongs to."""

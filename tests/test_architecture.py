@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "study"
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-STAGES = {"studies", "data", "model", "pretrain", "downstream", "zeroshot", "search", "report"}
+STAGES = {"studies", "data", "model", "pretrain", "downstream", "zeroshot", "search", "report", "executors"}
 # What each stage may import besides the root modules (ARCHITECTURE.md, "orchestrators above stages"):
 # studies and search know the stages, report knows none (it re-renders without torch).
 MAX_MODULE_LINES = 450  # the project's budgets (ruff-formatted code)
@@ -31,6 +31,7 @@ MAY_IMPORT = {
     "report": set(),
     "studies": STAGES,
     "search": STAGES,
+    "executors": STAGES,  # submits and watches any stage's work
 }
 
 

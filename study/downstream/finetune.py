@@ -69,7 +69,8 @@ from study.downstream.results import (
 )
 from study.downstream.tasks import HUB, TaskData, TaskSpec, compute_metrics, get_task, load_task
 from study.errors import StudyError
-from study.io import atomic_write_json, file_lock
+from study.io import atomic_write_json
+from study.lease import lease
 from study.paths import Layout
 from study.provenance import provenance
 from study.rundir import RunDir
@@ -281,8 +282,8 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
                 atomic_write_json(p, rec)
                 results.append(rec)
         else:
-            lock = layout.cache_dir("finetune") / "locks" / f"{run_key}-{spec.name}-{fh}.lock"
-            with file_lock(lock):
+            lock = layout.cache_dir("finetune") / "locks" / f"{run_key}-{spec.name}-{fh}.lease"
+            with lease(lock):  # across hosts too (study/lease.py)
                 # another process?
                 done = {
                     k: r

@@ -60,7 +60,7 @@ from study.data.batches import Batches
 from study.data.instances import build_instances
 from study.data.prepare import prepare_data
 from study.errors import Diverged, Interrupted, StudyError
-from study.io import file_lock
+from study.lease import lease, train_lease_path
 from study.paths import Layout
 from study.pretrain.checkpoint import (
     CKPT_FORMAT,
@@ -129,7 +129,11 @@ def train_run(cfg: RunConfig, layout: Layout, quiet: bool = False, on_eval: OnEv
         return found
     with compute_init(cfg.impl, dist) as rt:
         # one trainer per run across processes (a second `study run` waits here, then finds the run done)
-        lock = file_lock(layout.lock_file(f"train-{run_hash}")) if dist.main else contextlib.nullcontext(True)
+        lock = (
+            lease(train_lease_path(layout, run_hash))  # holds across hosts (study/lease.py), flock may not
+            if dist.main
+            else contextlib.nullcontext(True)
+        )
         with lock, torch.random.fork_rng(devices=[rt.device] if rt.device.type == "cuda" else []):
             if dist.main:  # another process may have finished it while we waited for the lock
                 found = finished_metrics(rd)

@@ -23,7 +23,8 @@ import numpy as np
 
 from study.config import RunConfig
 from study.errors import Diverged
-from study.io import file_lock, read_json
+from study.io import read_json
+from study.lease import lease
 from study.metrics import PRETRAIN_METRICS, parse_metric
 from study.paths import Layout
 from study.provenance import git_info
@@ -128,7 +129,7 @@ class Objective:
         # Two trials (two workers) may draw the same config: one trains, the other waits and reuses.
         # train_run has its own lock, but this one also covers the check-then-replay below, so the
         # waiting trial reports the finished run's eval curve to the pruner instead of nothing.
-        with file_lock(self.layout.lock_file(f"run-{h}")):
+        with lease(self.layout.lease_file(f"run-{h}")):  # across hosts (study/lease.py)
             if run.status().done:
                 if report_curve:  # replay its eval curve so the pruner can compare against it
                     for ev in run.history():
