@@ -39,6 +39,13 @@ class StudyError(Exception):
             parts.append(f"(allowed: {allowed})")
         super().__init__(" ".join(parts))
 
+    def replace(self, **changes: str | None) -> StudyError:
+        """This error with some of its parts replaced (message, field, allowed, source): how a caller that
+        knows more (the file, the profile, the base that led there) re-raises it."""
+        parts = {"message": self.message, "field": self.field, "allowed": self.allowed, "source": self.source}
+        parts |= changes
+        return StudyError(parts.pop("message"), **parts)
+
 
 class Diverged(Exception):
     """Raised inside training when the loss stops being finite."""

@@ -89,7 +89,7 @@ def with_fingerprint(cfg: RunConfig, source: str | None = None) -> RunConfig:
     except StudyError as exc:
         if source is None or exc.source:
             raise
-        raise StudyError(exc.message, field=exc.field, allowed=exc.allowed, source=source) from None
+        raise exc.replace(source=source) from None
     if cfg.corpus.fingerprint == now:
         return cfg
     if cfg.corpus.fingerprint is not None:

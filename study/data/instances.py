@@ -124,7 +124,7 @@ def _validate(split: TokenizedSplit, obj: ObjectiveConfig) -> None:
             field="objective.max_seq_len",
             allowed=f"an integer >= {max(need, 8)}",
         )
-    if split.n_tokens == 0:
+    if not split.n_tokens:
         raise StudyError(
             "the tokenized split is empty",
             field="corpus.sources",

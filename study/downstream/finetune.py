@@ -245,11 +245,27 @@ def _run_all(
     fh = cfg.finetune_hash()
     modes = ["finetune"] + (["probe"] if ft.probe else [])
     rt = resolve(cfg.impl)  # where pre-training ran: the same device and precision rules
+    call = _Call(cfg, layout, run_key, init, quiet, fh, modes, rt)
     with threads(cfg.impl.threads):
-        return _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, encoder_data)
+        return _run_tasks(call, load, specs, encoder_data)
 
 
-def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, encoder_data) -> list[dict]:
+@dataclass(frozen=True)
+class _Call:
+    """What every task of one `_run_all` call shares: the run, where results go and how they are made."""
+
+    cfg: RunConfig
+    layout: Layout
+    run_key: str
+    init: str
+    quiet: bool
+    fh: str  # cfg.finetune_hash()
+    modes: list[str]  # "finetune", and "probe" when finetune.probe
+    rt: Runtime
+
+
+def _run_tasks(call: _Call, load: Callable[[], Encoder], specs: list[TaskSpec], encoder_data) -> list[dict]:
+    cfg, layout, run_key, fh, modes = call.cfg, call.layout, call.run_key, call.fh, call.modes
     ft = cfg.finetune
     plan = []  # (spec, paths, what): what = "done" | skip reason | (train, dev)
     # what each task's results must have been made from
@@ -290,54 +306,24 @@ def _run_tasks(cfg, layout, run_key, init, load, quiet, specs, fh, modes, rt, en
                     for k, p in paths.items()
                     if (r := existing_result(p, digests[spec.name])) is not None
                 }
-                results.extend(
-                    _run_task(
-                        cfg,
-                        spec,
-                        run_key,
-                        init,
-                        enc,
-                        paths,
-                        done,
-                        modes,
-                        fh,
-                        layout,
-                        rt,
-                        quiet,
-                        digests[spec.name],
-                        *what,
-                    )
-                )
+                results.extend(_run_task(call, spec, enc, paths, done, digests[spec.name], *what))
     return results
 
 
 def _run_task(
-    cfg,
-    spec,
-    run_key,
-    init,
-    enc,
-    paths,
-    done,
-    modes,
-    fh,
-    layout,
-    rt,
-    quiet,
-    digest,
-    train: TaskData,
-    dev: TaskData,
+    call: _Call, spec: TaskSpec, enc: Encoder, paths, done, digest, train: TaskData, dev: TaskData
 ) -> list[dict]:
+    cfg, layout, run_key, rt, quiet = call.cfg, call.layout, call.run_key, call.rt, call.quiet
     ft = cfg.finetune
     e_train = encode(enc.tokenizer, train, ft.max_length, layout, ft.glue_dir)
     e_dev = encode(enc.tokenizer, dev, ft.max_length, layout, ft.glue_dir)
     records = TaskRecords(
         run_key,
         spec,
-        init,
+        call.init,
         len(train),
         len(dev),
-        fh,
+        call.fh,
         recipe(ft),
         digest,
         provenance(str(rt.device)),
@@ -371,7 +357,7 @@ def _run_task(
             rec = records.diverged(seed, str(exc))
         out[("finetune", seed)] = rec
         atomic_write_json(paths[("finetune", seed)], rec)
-    if "probe" in modes and any(("probe", s) not in out for s in ft.seeds):
+    if "probe" in call.modes and any(("probe", s) not in out for s in ft.seeds):
         res = probe(cfg, spec, enc.bert, e_train, e_dev, rt, quiet)
         for seed in ft.seeds:
             if ("probe", seed) not in out:

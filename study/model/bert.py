@@ -30,7 +30,7 @@ from study.config import ImplConfig, ModelConfig
 from study.errors import StudyError
 from study.labels import IGNORE
 from study.model.attention import register_dropout_attention
-from study.model.preln import PreLNForPreTraining, lm_head_features, preln_config
+from study.model.preln import PreLNForPreTraining, encoder_fields, lm_head_features, preln_config
 from study.model.xent import linear_cross_entropy
 
 PAD_ID = 0  # the [PAD] id of every tokenizer study/data/tokenizer.py trains
@@ -39,17 +39,8 @@ PreTrainingModel = BertForPreTraining | PreLNForPreTraining  # model.arch post_l
 
 def bert_config(cfg: ModelConfig, vocab_size: int, impl: ImplConfig) -> BertConfig:
     conf = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=cfg.hidden,
-        num_hidden_layers=cfg.layers,
-        num_attention_heads=cfg.heads,
-        intermediate_size=cfg.intermediate,
-        hidden_act=cfg.activation,
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout,
+        **encoder_fields(cfg, vocab_size),
         max_position_embeddings=cfg.max_positions,
-        type_vocab_size=2,
-        initializer_range=cfg.init_range,
         architectures=["BertForPreTraining"],
     )
     conf._attn_implementation = impl.attention

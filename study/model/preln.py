@@ -46,10 +46,10 @@ MODEL_TYPE = "roberta-prelayernorm"  # config.json's model_type: what the Auto c
 MASKED_LM = "RobertaPreLayerNormForMaskedLM"  # the stock class config.json names in `architectures`
 
 
-def preln_config(
-    cfg: ModelConfig, vocab_size: int, impl: ImplConfig, pad_id: int = 0
-) -> RobertaPreLayerNormConfig:
-    conf = RobertaPreLayerNormConfig(
+def encoder_fields(cfg: ModelConfig, vocab_size: int) -> dict:
+    """The config fields both architectures (bert.py's post-LN, this pre-LN) read from model.*: one mapping,
+    so the two cannot size or regularise a model differently."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden,
         num_hidden_layers=cfg.layers,
@@ -58,9 +58,17 @@ def preln_config(
         hidden_act=cfg.activation,
         hidden_dropout_prob=cfg.dropout,
         attention_probs_dropout_prob=cfg.attention_dropout,
-        max_position_embeddings=cfg.max_positions + pad_id + 1,
         type_vocab_size=2,
         initializer_range=cfg.init_range,
+    )
+
+
+def preln_config(
+    cfg: ModelConfig, vocab_size: int, impl: ImplConfig, pad_id: int = 0
+) -> RobertaPreLayerNormConfig:
+    conf = RobertaPreLayerNormConfig(
+        **encoder_fields(cfg, vocab_size),
+        max_position_embeddings=cfg.max_positions + pad_id + 1,
         layer_norm_eps=1e-12,
         pad_token_id=pad_id,
         bos_token_id=None,

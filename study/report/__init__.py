@@ -26,7 +26,6 @@ __getattr__ = exports(
     __name__,
     {
         "aggregate_study": "study.report.aggregate",
-        "render_report": "study.report.render",
-        "render_index": "study.report.render",
+        **dict.fromkeys(["render_report", "render_index"], "study.report.render"),
     },
 )

@@ -48,26 +48,12 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
                 color=colours[label],
                 label=label,
             )
-            at_mask = [r for r in pts if r.get("ref_mask_acc") is not None]
-            if at_mask:  # dotted, same colour: the positions that show [MASK] only (no copying)
-                acc_ax.plot(
-                    [r[x] for r in at_mask],
-                    [100 * r["ref_mask_acc"] for r in at_mask],
-                    linestyle=":",
-                    color=colours[label],
-                    label=f"{label}, at [MASK] only",
-                )
-            short = [r for r in pts if r.get("short_mask_acc") is not None]
-            if (
-                short
-            ):  # dash-dot: the same on rows of the warmup's short length (evaluate.short_reference_set)
-                acc_ax.plot(
-                    [r[x] for r in short],
-                    [100 * r["short_mask_acc"] for r in short],
-                    linestyle="-.",
-                    color=colours[label],
-                    label=f"{label}, at [MASK] on short rows",
-                )
+            # dotted, same colour: the positions that show [MASK] only (no copying)
+            _plot_known(acc_ax, pts, x, "ref_mask_acc", ":", colours[label], f"{label}, at [MASK] only")
+            # dash-dot: the same on rows of the warmup's short length (evaluate.short_reference_set)
+            _plot_known(
+                acc_ax, pts, x, "short_mask_acc", "-.", colours[label], f"{label}, at [MASK] on short rows"
+            )
             loss_ax.plot(
                 [r[x] for r in pts], [r["ref_mlm_loss"] for r in pts], marker=".", color=colours[label]
             )
@@ -93,6 +79,20 @@ def curve_figure(curves: dict[str, list[dict]], title: str | None = None) -> plt
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(labels) + 1) // 2), 1, 1))
     return fig
+
+
+def _plot_known(ax, rows: list[dict], x: str, key: str, linestyle: str, colour, label: str) -> None:
+    """`key` in percent against `x`, over the rows that have it (an older run's curve may not); nothing
+    when none do."""
+    known = [r for r in rows if r.get(key) is not None]
+    if known:
+        ax.plot(
+            [r[x] for r in known],
+            [100 * r[key] for r in known],
+            linestyle=linestyle,
+            color=colour,
+            label=label,
+        )
 
 
 def save_curve_png(curves: dict[str, list[dict]], path: Path, title: str | None = None) -> Path:

@@ -14,29 +14,26 @@ from study.report import stats as S
 def fmt_value(x: Any, metric: str) -> str:
     """Scores in percent (one decimal), counts with separators, other values (perplexity, loss) one decimal
     from 10 up and two below: the same for a mean and the ends of its interval (111.0 [88.9, 132.0])."""
-    if not finite(x):
-        return "–"
-    if is_bounded(metric):
-        return f"{100 * x:.1f}"
-    if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
-        return f"{x:,.0f}"
-    if metric == "wall_s":
-        return f"{x:,.1f}"
-    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+    return _number(x, metric, sign="", score_unit="")
 
 
 def fmt_diff(x: Any, metric: str) -> str:
     """A difference with fmt_value's precision (so "+3.2" never stands beside a mean of "41.3" as "+3.21"),
     scores in pp."""
+    return _number(x, metric, sign="+", score_unit=" pp")
+
+
+def _number(x: Any, metric: str, sign: str, score_unit: str) -> str:
+    """The one precision rule of fmt_value and fmt_diff; `sign` "+" writes the sign of positive values too."""
     if not finite(x):
         return "–"
     if is_bounded(metric):
-        return f"{100 * x:+.1f} pp"
+        return f"{100 * x:{sign}.1f}{score_unit}"
     if metric in ("params", "tokens_seen", "tokens_per_s", "steps"):
-        return f"{x:+,.0f}"
+        return f"{x:{sign},.0f}"
     if metric == "wall_s":
-        return f"{x:+,.1f}"
-    return f"{x:+.1f}" if abs(x) >= 10 else f"{x:+.2f}"
+        return f"{x:{sign},.1f}"
+    return f"{x:{sign}.1f}" if abs(x) >= 10 else f"{x:{sign}.2f}"
 
 
 def fmt_ci(lo: Any, hi: Any, metric: str, diff: bool = False, level: Any = None) -> str:

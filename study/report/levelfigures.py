@@ -24,18 +24,34 @@ from study.report.plotting import (
     yerr,
 )
 
+# the captions of the figures against one numeric factor
+MASK_RATE_CAPTION = (
+    "Left: perplexity on the fixed reference masks (15%, 80/10/10, the same positions for every run) "
+    "against the training masking rate. Right: downstream scores. Mean over pre-training seeds, 95% "
+    "t-interval."
+)
+DEPTH_CAPTION = (
+    "Against the number of layers: fixed-reference perplexity, the primary downstream score, parameter "
+    "count and measured training throughput (tokens/s on this study's hardware). Mean, 95% t-interval "
+    "over seeds."
+)
+
+
+def _factor_x(
+    d: Drawn, summary: pd.DataFrame, plan: dict, keys: list[str], hint: str, factor: str
+) -> str | None:
+    """The column a figure against one factor draws along, or None with `d.skipped` saying why not."""
+    x = x_key(plan, keys, hint)
+    if x is None or summary.empty:
+        d.skipped = f"no {factor} factor or no finished runs"
+        return None
+    return x
+
 
 def mask_rate(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    d = Drawn(
-        "mask_rate",
-        "Masking rate vs perplexity and downstream score",
-        "Left: perplexity on the fixed "
-        "reference masks (15%, 80/10/10, the same positions for every run) against the training masking "
-        "rate. Right: downstream scores. Mean over pre-training seeds, 95% t-interval.",
-    )
-    x = x_key(plan, keys, "masking.rate")
-    if x is None or summary.empty:
-        d.skipped = "no masking-rate factor or no finished runs"
+    d = Drawn("mask_rate", "Masking rate vs perplexity and downstream score", MASK_RATE_CAPTION)
+    x = _factor_x(d, summary, plan, keys, "masking.rate", "masking-rate")
+    if x is None:
         return d
     ppl = select(summary, "pretrain", "pretrain", "ref_ppl")
     down = downstream_metrics(summary, ("finetune", "probe"))
@@ -133,16 +149,9 @@ def _floor(runs: pd.DataFrame | None) -> float | None:
 
 
 def depth(summary: pd.DataFrame, plan: dict, keys: list[str]) -> Drawn:
-    d = Drawn(
-        "depth",
-        "Depth vs perplexity, score, parameters and measured speed",
-        "Against the number of "
-        "layers: fixed-reference perplexity, the primary downstream score, parameter count and measured "
-        "training throughput (tokens/s on this study's hardware). Mean, 95% t-interval over seeds.",
-    )
-    x = x_key(plan, keys, "layers")
-    if x is None or summary.empty:
-        d.skipped = "no depth factor or no finished runs"
+    d = Drawn("depth", "Depth vs perplexity, score, parameters and measured speed", DEPTH_CAPTION)
+    x = _factor_x(d, summary, plan, keys, "layers", "depth")
+    if x is None:
         return d
     task, mode, metric = parse_metric(plan.get("primary_metric"), field="report.primary_metric")
     if task == "pretrain":

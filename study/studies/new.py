@@ -99,9 +99,7 @@ def new_spec(
         atomic_write_text(draft, text)
         study = load_study(draft, fingerprint=False)
     except StudyError as exc:  # named as the file it would have been
-        raise StudyError(
-            exc.message, field=exc.field, allowed=exc.allowed, source=f"{out} (not written)"
-        ) from None
+        raise exc.replace(source=f"{out} (not written)") from None
     finally:
         draft.unlink(missing_ok=True)
     atomic_write_text(out, text)

@@ -211,32 +211,25 @@ def build_run_config(
 
 def _base_file(path: Path, spec: SpecFile) -> Path:
     """Where `base` points: a .yaml file, relative to the spec's folder. Checked before it is read."""
-    src = str(path)
+
+    def bad(message: str, allowed: str) -> StudyError:
+        return StudyError(message, field="base", source=str(path), allowed=allowed)
+
     if not spec.base or not spec.base.strip():
-        raise StudyError(
-            "is empty", field="base", source=src, allowed="a spec file path relative to this spec"
-        )
+        raise bad("is empty", "a spec file path relative to this spec")
     base = path.parent / spec.base
     if base.suffix not in (".yaml", ".yml"):
-        raise StudyError(
-            f"'{spec.base}' is not a spec file",
-            field="base",
-            source=src,
-            allowed="a .yaml / .yml spec file, relative to this spec's folder",
+        raise bad(
+            f"'{spec.base}' is not a spec file", "a .yaml / .yml spec file, relative to this spec's folder"
         )
     if not base.exists():
-        raise StudyError(
+        raise bad(
             f"base spec '{spec.base}' does not exist (looked at {base})",
-            field="base",
-            source=src,
-            allowed="an existing .yaml spec file, relative to this spec's folder",
+            "an existing .yaml spec file, relative to this spec's folder",
         )
     if not base.is_file():
-        raise StudyError(
-            f"'{spec.base}' is not a file ({base})",
-            field="base",
-            source=src,
-            allowed="a .yaml spec file, relative to this spec's folder",
+        raise bad(
+            f"'{spec.base}' is not a file ({base})", "a .yaml spec file, relative to this spec's folder"
         )
     return base
 
@@ -263,6 +256,12 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
         check(spec, str(path))
     defaults: dict = {}
     profiles: dict = {}
+
+    def unknown(what: str, name: str, options: list[str], field: str, allowed: str) -> StudyError:
+        return StudyError(
+            f"unknown {what}{suggest(name, options)}", field=field, source=str(path), allowed=allowed
+        )
+
     if spec.base is not None:
         base_path = _base_file(path, spec)
         try:
@@ -277,44 +276,30 @@ def _resolve_defaults(path: Path, chain: tuple[Path, ...] = ()) -> tuple[SpecFil
                 ) from None
             if exc.field == "base" and exc.message.startswith("cycle of bases"):
                 raise
-            raise StudyError(
-                f"{exc.message} (in the base of {path})",
-                field=exc.field,
-                allowed=exc.allowed,
-                source=exc.source,
-            ) from None
+            raise exc.replace(message=f"{exc.message} (in the base of {path})") from None
         profiles = copy.deepcopy(base_spec.profiles)
     for section, keys in spec.defaults.items():
         if section not in RunConfig.model_fields:
-            raise StudyError(
-                f"unknown section{suggest(str(section), list(RunConfig.model_fields))}",
-                field=f"defaults.{clip(str(section))}",
-                source=str(path),
-                allowed=", ".join(RunConfig.model_fields),
+            sections = list(RunConfig.model_fields)
+            raise unknown(
+                "section", str(section), sections, f"defaults.{clip(str(section))}", ", ".join(sections)
             )
         # unknown keys here, so that a typo in a base names the base file (values are checked per run)
         model = RunConfig.model_fields[section].annotation
         if isinstance(keys, dict) and isinstance(model, type) and issubclass(model, BaseModel):
             for key in keys:
                 if key not in model.model_fields:
-                    raise StudyError(
-                        f"unknown key{suggest(f'{section}.{key}', known_keys())}",
-                        field=f"defaults.{section}.{clip(str(key))}",
-                        source=str(path),
-                        allowed=", ".join(model.model_fields),
+                    field = f"defaults.{section}.{clip(str(key))}"
+                    raise unknown(
+                        "key", f"{section}.{key}", known_keys(), field, ", ".join(model.model_fields)
                     )
     known = known_keys()
     for name, settings in spec.profiles.items():
-        for (
-            key
-        ) in settings:  # here, so that a typo in a profile no command selects still fails, naming its file
+        # here, so that a typo in a profile no command selects still fails, naming its file
+        for key in settings:
             if key not in known:
-                raise StudyError(
-                    f"unknown key{suggest(str(key), known)}",
-                    field=f"profiles.{name}.{clip(str(key))}",
-                    source=str(path),
-                    allowed="dotted keys such as masking.rate, model.layers",
-                )
+                field = f"profiles.{name}.{clip(str(key))}"
+                raise unknown("key", str(key), known, field, "dotted keys such as masking.rate, model.layers")
         profiles[name] = {**profiles.get(name, {}), **settings}
     spec.profiles = profiles
     return spec, _deep_merge(defaults, spec.defaults)
