@@ -36,6 +36,14 @@ import numpy as np
 
 from study.config import RunConfig
 from study.data.corpus import fingerprint, with_fingerprint
+from study.data.instances import build_instances
+from study.data.tokenizer import (
+    continuation_mask,
+    load_tokenizer,
+    special_ids,
+    tokenize_docs,
+    train_tokenizer,
+)
 from study.data.tokens import SpecialIds, TokenizedSplit
 from study.errors import StudyError
 from study.io import atomic_dir, atomic_write_json, file_lock, read_json, sha256_file
@@ -124,10 +132,8 @@ def _per_doc_tokens(split: TokenizedSplit) -> np.ndarray:
 
 def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
     """Build the folder for `cfg`'s data hash from sources whose fingerprint is `fp`."""
-    from study.data.corpus import (
-        load_corpus,
-    )  # looked up per call: tests patch it to prove a cache hit reads nothing
-    from study.data.tokenizer import tokenize_docs, train_tokenizer
+    # looked up per call: tests patch study.data.corpus.load_corpus to prove a cache hit reads nothing
+    from study.data.corpus import load_corpus
 
     corpus = load_corpus(cfg.corpus, progress=progress)
     # edited while being read: the text is neither the old nor the new one (a hub download is no edit: an
@@ -177,8 +183,6 @@ def _build(cfg: RunConfig, fp: str, out: Path, progress: bool) -> None:
 
 
 def _load(cfg: RunConfig, folder: Path) -> PreparedData:
-    from study.data.tokenizer import continuation_mask, load_tokenizer, special_ids
-
     tok = load_tokenizer(folder / "tokenizer")
     return PreparedData(
         dir=folder,
@@ -264,9 +268,10 @@ def describe(prepared: PreparedData, n: int = 3) -> str:
     A masked position shows as [MASK:word], a random replacement as [RAND:word->other], a kept
     (selected but unchanged) one as [KEEP:word]; '##' pieces are glued back to their word.
     """
+    # torch (1.7 s to import; masking.py imports it too) only here: `study prepare` builds and loads
+    # data without it
     import torch
 
-    from study.data.instances import build_instances
     from study.data.masking import mask_rows
 
     cfg, tok, special = prepared.cfg, prepared.tokenizer, prepared.special

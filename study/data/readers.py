@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pysbd
+
 from study.config import CorpusSource
 from study.errors import StudyError
 
@@ -31,8 +33,6 @@ Doc = list[str]
 # --------------------------------------------------------------------------- sentences
 @functools.lru_cache(maxsize=1)
 def _segmenter():
-    import pysbd
-
     return pysbd.Segmenter(language="en", clean=False)
 
 
@@ -170,7 +170,7 @@ def read_hf(src: CorpusSource, where: str = "corpus.sources") -> Iterator[Doc]:
     row; `lines` is a block of rows between blank rows; `wikitext` reads the rows as the lines of a
     WikiText file (an article per document, detokenized), which is what WikiText on the hub is.
     """
-    import datasets
+    import datasets  # 1 s to import: only for a hub source, local corpora are read without it
 
     p = Path(src.name)
     if _is_local_dataset(src.name):
@@ -242,7 +242,10 @@ _WIKI_FILE = re.compile(r"(File|Image):", re.I)  # gallery lines "File:x.jpg|cap
 
 def read_embedded() -> Iterator[Doc]:
     """The English Wikipedia sample in the gensim wheel, markup stripped, sentences kept."""
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+    from gensim.corpora.wikicorpus import (  # 1.1 s to import: the embedded sample only
+        extract_pages,
+        filter_wiki,
+    )
 
     with bz2.open(embedded_path(), "rb") as f:
         for _title, text, _pageid in extract_pages(f):

@@ -19,7 +19,9 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
+from transformers import BertTokenizerFast
 
 from study.config import TokenizerConfig
 from study.data.tokens import SpecialIds, TokenizedSplit
@@ -38,9 +40,6 @@ def train_tokenizer(docs: list[list[str]], cfg: TokenizerConfig, out_dir: Path, 
     pair count >= min_frequency), with ties broken by the token strings, so the same corpus and
     config give a byte-identical tokenizer on every machine.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import BertTokenizerFast
-
     words = count_words((s for d in docs for s in d), cfg.lowercase)
     vocab = learn_wordpiece(words, cfg.vocab_size, cfg.min_frequency, progress=progress)
     tok = Tokenizer(
@@ -75,8 +74,6 @@ def train_tokenizer(docs: list[list[str]], cfg: TokenizerConfig, out_dir: Path, 
 
 def count_words(sentences, lowercase: bool) -> Counter:
     """Normalized BERT pre-tokens and their counts (what BertNormalizer + BertPreTokenizer produce)."""
-    from tokenizers import normalizers, pre_tokenizers
-
     sentences = list(sentences)
     keys, _ = _pretokenize(sentences, lowercase)
     chunks = Counter(keys)
@@ -167,8 +164,6 @@ def learn_wordpiece(
 
 
 def load_tokenizer(dir: Path):
-    from transformers import BertTokenizerFast
-
     return BertTokenizerFast.from_pretrained(str(dir))
 
 

@@ -8,10 +8,13 @@ A split is three flat arrays, so it memory-maps and hashes cheaply:
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from study.io import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,6 @@ class TokenizedSplit:
 
     def save(self, path: Path) -> None:
         """Write as one .npz, atomically (study.io)."""
-        import io
-
-        from study.io import atomic_write_bytes
-
         buf = io.BytesIO()
         np.savez(buf, ids=self.ids, sent_starts=self.sent_starts, doc_starts=self.doc_starts)
         atomic_write_bytes(path, buf.getvalue())

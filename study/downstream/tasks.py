@@ -321,7 +321,7 @@ def _read_tsv(spec: TaskSpec, split: str, path: Path) -> TaskData:
 def _load_hub(spec: TaskSpec, split: str) -> TaskData:
     """nyu-mll/glue on the Hugging Face hub. Its labels are already indices in `spec.labels` order;
     unlabelled test rows carry -1."""
-    import datasets
+    import datasets  # 1 s to import: only for the hub; spec checks import this module for TASKS
 
     hub_split = dict(spec.hub_splits)[split]
     source = f"hf:nyu-mll/glue@{spec.hub_config}:{hub_split}"

@@ -45,7 +45,9 @@ import numpy as np
 import torch
 
 from study.config import RunConfig
-from study.data.instances import REFERENCE_SEED
+from study.data.instances import REFERENCE_SEED, build_instances, reference_instances
+from study.data.masking import reference_masking
+from study.errors import StudyError
 from study.labels import IGNORE
 from study.model.bert import pretraining_loss
 
@@ -72,8 +74,6 @@ class EvalSet:
 def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
     """n rows spread over the whole split (instances come in corpus order; the first n would all be
     from the first documents), chosen by a fixed seed and kept in corpus order."""
-    from study.data.masking import reference_masking
-
     # which validation rows are scored: fixed, the reference seed
     rows = np.sort(np.random.default_rng(REFERENCE_SEED).permutation(len(inst.input_ids))[:n])
     ids = torch.as_tensor(np.asarray(inst.input_ids[rows]), dtype=torch.long)
@@ -87,8 +87,6 @@ def _masked_set(inst, n: int, special, with_sentence: bool) -> EvalSet:
 
 def reference_set(cfg: RunConfig, prepared) -> EvalSet:
     """The first `train.eval_sequences` reference instances of the valid split, reference-masked."""
-    from study.data.instances import reference_instances
-
     inst = reference_instances(prepared.split("valid"), cfg.objective.max_seq_len, prepared.special)
     return _masked_set(inst, min(cfg.train.eval_sequences, len(inst.input_ids)), prepared.special, False)
 
@@ -109,9 +107,6 @@ def sentence_set(cfg: RunConfig, prepared) -> EvalSet | None:
     """Valid instances with the run's objective (fixed seed) for NSP/SOP accuracy; None without a task."""
     if cfg.objective.sentence == "none":
         return None
-    from study.data.instances import build_instances
-    from study.errors import StudyError
-
     try:
         inst = build_instances(
             prepared.split("valid"), cfg.objective, prepared.special, SENTENCE_EVAL_SEED, epoch=0

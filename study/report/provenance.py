@@ -12,6 +12,8 @@ import math
 
 import pandas as pd
 
+from study.provenance import git_info
+
 RUN_FIELDS = (
     "run_hash",
     "label",
@@ -81,9 +83,7 @@ def provenance_section(sf) -> dict:
         ft[key] = ft.get(key, 0) + 1
     commits = {c: _counts(len(pre.get(c, [])), ft.get(c, 0)) for c in dict.fromkeys([*pre, *ft])}
     runs = records(sf.runs) if not sf.runs.empty else []
-    try:  # what rendered this report (no torch: git only)
-        from study.provenance import git_info
-
+    try:  # what rendered this report (git only: no torch)
         rendered = git_info()
     except Exception:  # noqa: BLE001 - provenance of the renderer is nice to have, not required
         rendered = {}

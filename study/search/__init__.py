@@ -13,9 +13,10 @@ trial reuses a grid study's finished run and a pruned trial leaves a resumable r
     trials.py     trials.csv (columns: study/metrics.py), best.json, the best trial as a spec
     cli.py        the commands; `python -m study.search` runs them alone
 
-Entry points load on first use (study/lazy.py), and optuna only inside functions: `study --help` imports
-this package (the parser registers `search`), and the search modules import studies/spec.py, which
-imports report/ and scipy (3.4 s of `study --help`, measured with `python -X importtime`).
+Entry points load on first use (study/lazy.py): `study --help` imports this package (the parser registers
+`search`), and the search modules import studies/spec.py, which imports report/ and scipy (3.4 s of
+`study --help`, measured with `python -X importtime`). Of the modules `study --help` loads (cli.py,
+storage.py), optuna only inside functions; the modules a running search loads import it at the top.
 """
 
 from study.lazy import exports

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from optuna.trial import TrialState
+
 
 class GridPointTaken(Exception):
     """A grid trial whose point another live or finished trial already holds (see grid_point_holder)."""
@@ -24,10 +26,6 @@ def grid_point_holder(trial) -> int | None:
     running ones - an order every worker sees the same way, so exactly one of two racing trials goes
     on, and one whose holder dies gets the holder's retry.
     """
-    from optuna.trial import (
-        TrialState,
-    )  # optuna only once a search runs (this package is imported by the CLI)
-
     storage, study_id = trial.study._storage, trial.study._study_id
     me = storage.get_trial(trial._trial_id)
     point = me.system_attrs.get("grid_id")

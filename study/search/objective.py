@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import optuna
 
 from study.config import RunConfig
 from study.errors import Diverged
@@ -63,8 +64,6 @@ class Objective:
     finetune_fn: Callable | None = None  # default study.downstream.finetune.finetune_run
 
     def __call__(self, trial) -> float:
-        import optuna  # only once a search runs: this package is imported by the CLI
-
         if self.search.sampler.kind == "grid":
             holder = grid_point_holder(trial)
             if holder is not None:
@@ -122,8 +121,6 @@ class Objective:
     # -- pre-training
     def _pretrain(self, trial, cfg: RunConfig, report_curve: bool) -> tuple[dict, bool]:
         """Train (or resume, or reuse) one run; returns (metrics.json, reused)."""
-        import optuna
-
         h = cfg.run_hash()
         run = RunDir(self.layout, h)
         # Two trials (two workers) may draw the same config: one trains, the other waits and reuses.

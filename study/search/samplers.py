@@ -1,11 +1,9 @@
-"""The sampler and the pruner of a search, from its spec (`search.sampler`, `search.pruner`).
-
-optuna is imported inside the functions: this package is imported by `study --help`.
-"""
+"""The sampler and the pruner of a search, from its spec (`search.sampler`, `search.pruner`)."""
 
 from __future__ import annotations
 
 import numpy as np
+import optuna
 
 from study.config import RunConfig
 from study.search.configs import grid_values
@@ -13,8 +11,6 @@ from study.studies.searchspec import SearchSpec
 
 
 def make_sampler(search: SearchSpec):
-    import optuna
-
     s = search.sampler
     if s.kind == "grid":
         space = {k: grid_values(p) for k, p in search.params.items()}
@@ -53,8 +49,6 @@ def _seed_per_trial(sampler, seed: int):
 def make_pruner(search: SearchSpec, base: RunConfig):
     """median/hyperband prune on the trainer's eval curve (`base` sizes hyperband's resource);
     wilcoxon prunes across pre-training seeds."""
-    import optuna
-
     p = search.pruner
     if p.kind == "median":
         return optuna.pruners.MedianPruner(

@@ -140,7 +140,7 @@ def _synthetic_parts(cfg: RunConfig) -> list[dict]:
     """A global batch of the run's shape as the trainer feeds it: full-length rows (the upper bound: real
     batches trim padding), masking.rate of positions asked, split into grad_accum micro-batches by the
     trainer's own micro_batches. Random ids from a local generator: the cost does not depend on them."""
-    # lazy: torch (study plan --no-time never imports it); torch
+    # lazy: torch (`study plan --no-time` never imports it)
     import torch
 
     from study.data.batches import micro_batches
@@ -163,7 +163,7 @@ def time_pretrain_step(cfg: RunConfig, n: int = 6) -> float:
     (study.runtime), so that a plan made on a GPU machine times GPU steps in bf16, not CPU ones;
     impl.device=cuda on a machine without one is the same StudyError naming impl.device that training
     raises. The minimum over the steps after the first (which pays for allocation)."""
-    # lazy: torch (study plan --no-time never imports it); torch
+    # lazy: torch (`study plan --no-time` never imports it)
     import torch
 
     from study.pretrain.evaluate import device_sync
@@ -237,7 +237,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
 
     k > 1 times one step of k seeds stacked (`impl.finetune_batched_seeds`: study/downstream/batched.py's
     own SeedBatch.step on k batches padded to their common width), the step that trains all k at once."""
-    # lazy: torch (study plan --no-time never imports it); torch
+    # lazy: torch (`study plan --no-time` never imports it)
     import torch
 
     from study.downstream.classifier import Classifier, finetune_optimizer, finetune_step
@@ -305,7 +305,7 @@ def _classifier_step(cfg: RunConfig, lengths, n: int = 9, k: int = 1) -> float:
 
 def _seed_batch_steps(cfg: RunConfig, rows, k: int, rt) -> list[float]:
     """Seconds of each stacked step of k seeds over `rows` (k batches per step), as batched.py trains."""
-    # lazy: torch (study plan --no-time never imports it); torch
+    # lazy: torch (`study plan --no-time` never imports it)
     import torch
 
     from study.downstream.batched import SeedBatch, collate_seeds
