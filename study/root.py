@@ -1,7 +1,7 @@
 """The project root: the folder every command works from, found as git and DVC find theirs.
 
 A command run in a subfolder (`cd ablations && study plan smoke.yaml`) walks up from the working folder to
-the first folder holding `params.yaml` or `dvc.yaml` and works there: `results/`, `reports/`,
+the first folder holding `params.yaml`, `dvc.yaml` or `.dvc/` and works there: `results/`, `reports/`,
 `ablations/`, `study_runs.yaml` and a spec's relative corpus paths all mean the root's, as they do in the
 DVC stages (which DVC runs from the root). Paths typed on the command line keep meaning what they meant
 where they were typed. Where no folder up to `/` is a root, a command that would read or write the default
@@ -18,7 +18,9 @@ from pathlib import Path
 
 from study.errors import StudyError
 
-MARKERS = ("params.yaml", "dvc.yaml")
+# a DVC project's own marker (.dvc/, which `dvc init` makes) counts too: `git init; dvc init; study sync`
+# is how a new project starts, before params.yaml and dvc.yaml exist
+MARKERS = ("params.yaml", "dvc.yaml", ".dvc")
 
 # The flags and positionals that name files or folders, relative to where they were typed (the positional
 # `spec` of select/deselect may be a bare study name instead: only a .yaml path is a path).
@@ -31,9 +33,9 @@ _DEFAULT_USES = ("results",)
 
 
 def find_root(start: Path) -> Path | None:
-    """The nearest folder at or above `start` that holds params.yaml or dvc.yaml, else None."""
+    """The nearest folder at or above `start` that holds params.yaml, dvc.yaml or .dvc/, else None."""
     start = start.resolve()
-    return next((d for d in (start, *start.parents) if any((d / m).is_file() for m in MARKERS)), None)
+    return next((d for d in (start, *start.parents) if any((d / m).exists() for m in MARKERS)), None)
 
 
 def typed_flags(argv: list[str]) -> set[str]:
@@ -72,7 +74,7 @@ def project_root(args, argv: list[str], cwd: Path | None = None):
                 f"none of {looked} holds {' or '.join(MARKERS)}, so the default "
                 f"{', '.join(f'--{f}' for f in missing)} would make new folders under {cwd}",
                 field="project root",
-                allowed="run inside a study project (a folder with params.yaml or dvc.yaml, or below it), "
+                allowed="run inside a study project (a folder with params.yaml, dvc.yaml or .dvc, or below it), "
                 f"or name the folders: {' '.join(f'--{f} DIR' for f in missing)}",
             )
         yield None

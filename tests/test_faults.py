@@ -81,6 +81,7 @@ def _project(root: Path) -> Path:
     root.mkdir(parents=True)
     (root / "ablations").mkdir()
     (root / "ablations" / "faulty.yaml").write_text(SPEC)
+    (root / "params.yaml").write_text("studies: []\n")  # a study project: its root (study/root.py)
     _corpus(root / "corpus")
     _glue(root / "glue")
     return root

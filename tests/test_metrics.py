@@ -40,15 +40,15 @@ def test_parse_and_format_round_trip():
     assert parse_metric("tokens_per_s").name == "tokens_per_s"  # cost metrics are tidy rows too
     for spec in ("ref_mlm_loss", "MRPC/probe/f1"):
         assert format_metric(*parse_metric(spec)) == str(parse_metric(spec)) == spec
-    assert set(MODES) == {"finetune", "probe"} and not set(PRETRAIN_METRICS) & set(COST_METRICS)
+    assert set(MODES) == {"finetune", "probe", "zeroshot"} and not set(PRETRAIN_METRICS) & set(COST_METRICS)
 
 
 @pytest.mark.parametrize(
     "spec, words, allowed",
     [
         ("ref_mlm_los", "unknown metric 'ref_mlm_los'", "ref_mlm_loss"),
-        ("SST-2/accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
-        ("SST-2//accuracy", "unknown metric", "TASK/finetune|probe/METRIC"),
+        ("SST-2/accuracy", "unknown metric", "TASK/finetune|probe|zeroshot/METRIC"),
+        ("SST-2//accuracy", "unknown metric", "TASK/finetune|probe|zeroshot/METRIC"),
         ("SST-2/train/accuracy", "unknown mode 'train'", "finetune, probe"),
         ("XYZ/finetune/accuracy", "unknown task 'XYZ'", "SST-2, MRPC"),
         ("SST-2/finetune/f1", "SST-2 does not report 'f1'", "accuracy"),

@@ -40,6 +40,7 @@ ROOT_CODE = [
         "io",
         "labels",
         "lazy",
+        "lease",
         "levels",
         "makecli",
         "metrics",
@@ -80,6 +81,7 @@ CODE = {
         "study/report",
         "study/studies",
         "study/search",
+        "study/executors",
         *ROOT_CODE,
     ]
     for kind in ("study", "search")
