@@ -81,7 +81,7 @@ def _project(root: Path) -> Path:
     root.mkdir(parents=True)
     (root / "ablations").mkdir()
     (root / "ablations" / "faulty.yaml").write_text(SPEC)
-    (root / "params.yaml").write_text("studies: []\n")  # a study project: its root (study/root.py)
+    (root / "params.yaml").write_text("studies:\n- faulty\n")  # a study project (study/root.py), selecting it
     _corpus(root / "corpus")
     _glue(root / "glue")
     return root

@@ -1070,11 +1070,11 @@ def test_compile_needs_static_shapes():
 
 def test_vocab_mismatch_between_tokenizer_and_ids_is_rejected(corpus, layout, monkeypatch):
     """A data folder whose special ids disagree with its tokenizer (or ids beyond its vocab) is refused."""
-    import study.data.tokenizer as tokmod
+    import study.data.prepare as prepmod  # where the prepared folder's special ids are read
 
-    real = tokmod.special_ids
+    real = prepmod.special_ids
     monkeypatch.setattr(
-        tokmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7)
+        prepmod, "special_ids", lambda tok: dataclasses.replace(real(tok), vocab_size=len(tok) + 7)
     )
     cfg = make_cfg(corpus)
     lay = layout("r")
