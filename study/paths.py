@@ -83,6 +83,11 @@ class Layout:
     def search_trials(self, name: str) -> Path:  # the search stage writes it, the report reads it
         return self.search_dir(name) / "trials.csv"
 
+    def slurm_dir(self, kind: str) -> Path:
+        """results/slurm/<kind>: the Slurm executor's logs (submitit's, per job), submissions (what was
+        submitted) and configs (a torchrun task's run config)."""
+        return self.root / "slurm" / kind
+
     def cache_dir(self, kind: str) -> Path:
         # Outside results/finetune and the run folders on purpose: those are DVC dependencies, and a cache
         # changing must not make the study re-aggregate.

@@ -98,9 +98,7 @@ def _minutes(time_limit: str | None) -> float | None:
 def make_executor(layout: Layout, opts: SlurmOptions, name: str, dependency: str | None = None):
     import submitit  # noqa: PLC0415 - optional dependency (check_environment has checked it)
 
-    ex = submitit.SlurmExecutor(
-        folder=Path(layout.root).resolve() / "slurm" / "logs" / "%j", python=sys.executable
-    )
+    ex = submitit.SlurmExecutor(folder=layout.slurm_dir("logs").resolve() / "%j", python=sys.executable)
     limit = _minutes(opts.time)
     extra = {"requeue": True, **({"time": opts.time} if opts.time else {})}
     if dependency:
@@ -140,7 +138,7 @@ def _submit_array(layout, opts, name, calls, dependency=None) -> list[str]:
 def _submitted(layout: Layout, alive: set[str]) -> dict[tuple, str]:
     """(kind, key) -> job id of the units of earlier submissions whose task is still queued or running."""
     out = {}
-    folder = Path(layout.root) / "slurm" / "submissions"
+    folder = layout.slurm_dir("submissions")
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             for t in read_json(f).get("tasks", []):
@@ -217,7 +215,7 @@ def _record(layout: Layout, args, tasks: list[dict]) -> None:
     array, so a later sbatch that fails leaves the earlier arrays recorded, and resubmitting skips them)."""
     first = tasks[0]["job"].split("_")[0]
     atomic_write_json(
-        layout.root / "slurm" / "submissions" / f"{first}.json",
+        layout.slurm_dir("submissions") / f"{first}.json",
         {"spec": str(args.spec), "profile": args.profile, "command": args.command, "tasks": tasks},
     )
 

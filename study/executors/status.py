@@ -66,7 +66,7 @@ def _eta(cfg: dict, last: dict) -> str:
 def _log_tail(layout: Layout, job: str | None, n: int = LOG_LINES) -> list[str]:
     if not job:
         return []
-    log = Path(layout.root) / "slurm" / "logs" / job / f"{job}_0_log.err"
+    log = layout.slurm_dir("logs") / job / f"{job}_0_log.err"
     try:
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:

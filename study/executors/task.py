@@ -19,7 +19,6 @@ Time limits and preemption:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -92,9 +91,8 @@ def run_task(fn: Callable, args: tuple, record: str | None = None):
 def pretrain_torchrun(cfg, layout, nproc: int, quiet: bool, label: str) -> tuple[int, float]:
     """One run on `nproc` GPUs of this node under torchrun (the trainer's DDP path). SIGTERM and USR2 are
     passed to torchrun, which passes them to its workers; rank 0 checkpoints."""
-    cfg_path = Path(layout.root) / "slurm" / "configs" / f"{cfg.run_hash()}.json"
-    cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(cfg.model_dump(mode="json")))
+    cfg_path = layout.slurm_dir("configs") / f"{cfg.run_hash()}.json"
+    atomic_write_json(cfg_path, cfg.model_dump(mode="json"))
     cmd = torchrun_command(cfg_path, Path(layout.root), nproc, quiet)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd)

@@ -203,7 +203,7 @@ def aggregate_study(plan: dict, layout: Layout) -> Path:
             for k, v in comps[comps["primary"]].iloc[0].to_dict().items()
         }
     atomic_write_json(
-        layout.root / "metrics" / f"study-{plan['name']}.json",
+        layout.metrics_file(f"study-{plan['name']}"),
         study_metrics(plan, c["runs"], summarize(done, c["factor_keys"]), answer, c["factor_keys"]),
     )
     atomic_write_json(
